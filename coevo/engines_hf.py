@@ -1,0 +1,182 @@
+"""`hf` generation engine: transformers `generate` over token-id prompts (SPEC §5.2).
+
+Choices a caller may rely on:
+- prompts of different lengths are left-padded into one batch; positions come from the
+  attention mask, so a batched greedy result equals the one-prompt-at-a-time result;
+- `temperature == 0` is greedy; otherwise multinomial sampling with `temperature` and `top_p`
+  (no top-k and none of the checkpoint's `generation_config` sampling defaults: the
+  `SamplingParams` are the whole truth, as with vLLM);
+- stop strings are matched on the decoded completion after every token; the completion ends
+  at the first token whose decoding completes a stop string. That token is kept whole, so
+  `text` contains the stop string and may run a few characters past it when the token spans
+  the end of the stop string; `token_ids` are exactly the sampled ids and
+  `text == tokenizer.decode(token_ids, skip_special_tokens=True)` (special tokens such as
+  EOS stay in `token_ids` but not in `text`, matching vLLM's default);
+- EOS (the tokenizer's and every id in the model's `generation_config.eos_token_id`) ends a
+  completion and is included in `token_ids`; pad tokens after the end are dropped;
+- `logprobs[i]` is log p(token_ids[i] | prefix) under the *raw* model distribution
+  (fp32 log-softmax of the logits, before temperature / top-p), read from the same forward
+  pass that sampled it. This is what `grpo.sequence_token_logprobs` computes for training, so
+  it can serve as `old_logprobs`; it equals the sampling distribution when temperature = 1
+  and top_p = 1 (vLLM's default "raw" logprobs make the same choice).
+"""
+from __future__ import annotations
+
+from collections.abc import Iterator
+from contextlib import contextmanager, nullcontext
+from typing import Optional
+
+import torch
+from transformers import GenerationConfig, LogitsProcessor, StoppingCriteria
+
+from coevo.engine import Completion, SamplingParams
+
+
+class _LogprobRecorder(LogitsProcessor):
+    """Keeps log p(sampled token) per step without storing every step's [R, V] scores.
+
+    A processor sees the logits *before* the token is sampled, so each call gathers the
+    previous step's token (now the last column of `input_ids`); `finish` gathers the last one.
+    Custom processors run before the temperature/top-p warpers, so these are raw logits.
+    """
+
+    def __init__(self) -> None:
+        self._prev: Optional[torch.Tensor] = None  # [R, V] log-softmax of the previous step
+        self._steps: list[torch.Tensor] = []  # each [R]
+
+    def __call__(self, input_ids: torch.LongTensor, scores: torch.FloatTensor) -> torch.FloatTensor:
+        if self._prev is not None:
+            self._steps.append(self._prev.gather(-1, input_ids[:, -1:]).squeeze(-1))
+        self._prev = torch.log_softmax(scores.float(), dim=-1)
+        return scores
+
+    def finish(self, sequences: torch.Tensor) -> torch.Tensor:
+        """Per-token logprobs [R, G] for the G generated columns of `sequences` [R, P+G]."""
+        if self._prev is not None:
+            self._steps.append(self._prev.gather(-1, sequences[:, -1:]).squeeze(-1))
+            self._prev = None
+        if not self._steps:
+            return torch.zeros(sequences.shape[0], 0)
+        return torch.stack(self._steps, dim=1).cpu()
+
+
+class _StopStrings(StoppingCriteria):
+    """Marks a row done at the first step where its decoded completion contains a stop string.
+
+    `stop_len[r]` records how many generated tokens row r had at that moment: the exact
+    token-level cut, so post-processing never has to re-search the text.
+    """
+
+    def __init__(self, tokenizer, stops: list[str], prompt_len: int, n_rows: int) -> None:  # noqa: ANN001
+        self.tokenizer = tokenizer
+        self.stops = [s for s in stops if s]
+        self.prompt_len = prompt_len
+        self.stop_len: list[Optional[int]] = [None] * n_rows
+
+    def __call__(self, input_ids: torch.LongTensor, scores, **kwargs) -> torch.BoolTensor:  # noqa: ANN001
+        gen = input_ids[:, self.prompt_len:].tolist()
+        for r, ids in enumerate(gen):
+            if self.stop_len[r] is None and self.stops:
+                text = self.tokenizer.decode(ids, skip_special_tokens=True)
+                if any(s in text for s in self.stops):
+                    self.stop_len[r] = len(ids)
+        return torch.tensor([n is not None for n in self.stop_len], dtype=torch.bool, device=input_ids.device)
+
+
+def eos_token_ids(model, tokenizer) -> set[int]:  # noqa: ANN001
+    """Every id that ends a completion: the tokenizer's EOS plus the model's generation EOS ids."""
+    ids: set[int] = set()
+    gen_eos = getattr(getattr(model, "generation_config", None), "eos_token_id", None)
+    for value in (tokenizer.eos_token_id, gen_eos):
+        if isinstance(value, int):
+            ids.add(value)
+        elif value is not None:
+            ids.update(int(v) for v in value)
+    return ids
+
+
+class HFEngine:
+    """Engine backed by `model.generate`; shares the training model, so weight sync is free."""
+
+    def __init__(self, model, tokenizer, max_batch_rows: Optional[int] = None) -> None:  # noqa: ANN001
+        self.model = model
+        self.tokenizer = tokenizer
+        self.max_batch_rows = max_batch_rows  # rows (prompts x n) per generate call; None = all
+        self.eos_ids = eos_token_ids(model, tokenizer)
+        if not self.eos_ids:
+            raise ValueError("tokenizer and model define no EOS token; HFEngine cannot tell where a completion ends")
+        pad = tokenizer.pad_token_id
+        self.pad_id = int(pad) if pad is not None else min(self.eos_ids)
+
+    def sync_weights(self, model) -> None:  # noqa: ANN001
+        """No-op beyond re-pointing: this engine generates with the very model object that trains."""
+        self.model = model
+
+    def generate(self, prompts: list[list[int]], sampling: SamplingParams) -> list[list[Completion]]:
+        """Return `sampling.n` completions for each prompt (see the module docstring for semantics)."""
+        if any(len(p) == 0 for p in prompts):
+            raise ValueError("HFEngine.generate got an empty prompt; every prompt needs at least one token")
+        rows = [list(p) for p in prompts for _ in range(sampling.n)]
+        step = self.max_batch_rows or max(len(rows), 1)
+        seed_ctx = self._seeded(sampling.seed) if sampling.seed is not None else nullcontext()
+        flat: list[Completion] = []
+        with seed_ctx:
+            for start in range(0, len(rows), step):
+                flat.extend(self._generate_rows(rows[start:start + step], sampling))
+        return [flat[i * sampling.n:(i + 1) * sampling.n] for i in range(len(prompts))]
+
+    @contextmanager
+    def _seeded(self, seed: int) -> Iterator[None]:
+        """Seed inside a forked RNG so a seeded call leaves the caller's random stream untouched."""
+        device = next(self.model.parameters()).device
+        with torch.random.fork_rng(devices=[device] if device.type == "cuda" else []):
+            torch.manual_seed(seed)
+            yield
+
+    def _generation_config(self, sampling: SamplingParams) -> GenerationConfig:
+        greedy = sampling.temperature <= 0
+        kwargs = dict(max_new_tokens=sampling.max_new_tokens, do_sample=not greedy, num_beams=1,
+                      pad_token_id=self.pad_id, eos_token_id=sorted(self.eos_ids), return_dict_in_generate=True)
+        if not greedy:
+            kwargs.update(temperature=float(sampling.temperature), top_p=float(sampling.top_p), top_k=0)
+        return GenerationConfig(**kwargs)
+
+    def _generate_rows(self, rows: list[list[int]], sampling: SamplingParams) -> list[Completion]:
+        if sampling.max_new_tokens <= 0:
+            return [Completion(prompt_ids=r, token_ids=[], text="", logprobs=[], finish_reason="length") for r in rows]
+        device = next(self.model.parameters()).device
+        width = max(len(r) for r in rows)
+        input_ids = torch.full((len(rows), width), self.pad_id, dtype=torch.long)
+        attention = torch.zeros((len(rows), width), dtype=torch.long)
+        for i, r in enumerate(rows):
+            input_ids[i, width - len(r):] = torch.tensor(r, dtype=torch.long)
+            attention[i, width - len(r):] = 1
+        recorder = _LogprobRecorder()
+        stopper = _StopStrings(self.tokenizer, list(sampling.stop), width, len(rows))
+        saved = self.model.generation_config
+        # A checkpoint's generation_config (top_k, repetition_penalty, ...) would silently fill
+        # every field we leave unset; a blank one keeps SamplingParams authoritative.
+        self.model.generation_config = GenerationConfig()
+        try:
+            out = self.model.generate(input_ids=input_ids.to(device), attention_mask=attention.to(device),
+                                      generation_config=self._generation_config(sampling),
+                                      logits_processor=[recorder], stopping_criteria=[stopper])
+        finally:
+            self.model.generation_config = saved
+        generated = out.sequences[:, width:].cpu()
+        logprobs = recorder.finish(out.sequences)
+        return [self._completion(rows[i], generated[i].tolist(), logprobs[i].tolist(), stopper.stop_len[i])
+                for i in range(len(rows))]
+
+    def _completion(self, prompt: list[int], gen: list[int], logps: list[float],
+                    stop_len: Optional[int]) -> Completion:
+        cut, reason = len(gen), "length"
+        for i, tok in enumerate(gen):
+            if tok in self.eos_ids:
+                cut, reason = i + 1, "eos"
+                break
+        if stop_len is not None and stop_len <= cut:
+            cut, reason = stop_len, "stop"
+        ids = gen[:cut]
+        return Completion(prompt_ids=prompt, token_ids=ids, text=self.tokenizer.decode(ids, skip_special_tokens=True),
+                          logprobs=logps[:cut], finish_reason=reason)

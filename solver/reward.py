@@ -13,7 +13,7 @@ All answer comparisons go through `solver.scoring` (the project's one normalizat
 """
 from __future__ import annotations
 
-from typing import Optional, Protocol, Sequence
+from typing import Any, Optional, Protocol, Sequence
 
 from solver.scoring import contains_answer, exact_match, f1
 
@@ -92,6 +92,17 @@ def ranker_reward(format_ok: bool, i_ans: bool, r_rel: float, r_main: float,
     if not i_ans:
         return r_main
     return r_rel + r_main if r_rel > gamma else r_rel
+
+
+def score_ranker_call(call: Any, r_main: float, cfg: Any) -> float:
+    """Fill `call.r_rel` and `call.reward` (a RankerCall, `cfg` a RankerConfig); return the reward.
+
+    r_rel is Hit@k over the documents the solver actually saw (the fallback list on a
+    malformed call), with cutoffs capped at K = `cfg.top_k`.
+    """
+    call.r_rel = relevance_reward(call.ranked_relevant(), cfg.top_k)
+    call.reward = ranker_reward(call.format_ok, call.i_ans, call.r_rel, r_main, cfg.gamma, cfg.format_penalty)
+    return call.reward
 
 
 def relevance_labels(passages: Sequence[PassageLike], answers: Sequence[str],

@@ -1,0 +1,70 @@
+"""Retrieval benchmark on wiki_mini (not a test): prints one JSON line.
+
+qps of bm25s vs rank-bm25 on the same dev questions, index build seconds, and gold-passage
+recall@{1,5,10,50} for bm25s, rank-bm25 and dense MiniLM.
+Usage: .venv/bin/python bench/retrieval.py [--limit N] [--cache DIR]
+"""
+from __future__ import annotations
+
+import argparse
+import json
+import sys
+import tempfile
+import time
+from pathlib import Path
+
+sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
+
+from evidence.corpus import load_corpus, shared_data_dir  # noqa: E402
+from evidence.retrieval import build_retriever  # noqa: E402
+
+KS = (1, 5, 10, 50)
+
+
+def load_dev_questions(limit: int | None) -> list[dict]:
+    path = shared_data_dir() / "wiki_mini" / "questions_dev.jsonl"
+    rows = [json.loads(line) for line in path.open(encoding="utf-8") if line.strip()]
+    return rows[:limit] if limit else rows
+
+
+def recall_at_k(results, questions) -> dict[str, float]:
+    """Share of gold passages found in the top k, averaged over questions."""
+    out = {}
+    for k in KS:
+        per_q = [len(set(g["gold_ids"]) & {h.passage_id for h in hits[:k]}) / len(g["gold_ids"])
+                 for hits, g in zip(results, questions) if g.get("gold_ids")]
+        out[str(k)] = round(sum(per_q) / len(per_q), 4)
+    return out
+
+
+def timed_search(retriever, queries: list[str], k: int) -> tuple[list, float]:
+    t0 = time.perf_counter()
+    res = retriever.search(queries, k)
+    return res, len(queries) / (time.perf_counter() - t0)
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser()
+    ap.add_argument("--limit", type=int, default=None, help="use only the first N dev questions")
+    ap.add_argument("--cache", default=None, help="index cache dir (default: a fresh temp dir)")
+    args = ap.parse_args()
+    corpus = load_corpus("wiki_mini")
+    questions = load_dev_questions(args.limit)
+    queries = [q["question"] for q in questions]
+    cache = args.cache or tempfile.mkdtemp(prefix="coevo-bench-")
+    report = {"qps": {}, "build_s": {}, "recall": {}, "n_queries": len(queries), "n_passages": len(corpus)}
+    for backend in ("bm25s", "rank_bm25", "dense_minilm"):
+        r = build_retriever(corpus, backend, cache_dir=cache)
+        report["build_s"][backend] = round(r.build_s, 2)
+        res, qps = timed_search(r, queries, max(KS))
+        report["recall"][backend] = recall_at_k(res, questions)
+        if backend != "dense_minilm":
+            report["qps"][backend] = round(qps, 1)
+        else:
+            report["qps_dense_minilm"] = round(qps, 1)
+    report["qps_ratio_bm25s_over_rank_bm25"] = round(report["qps"]["bm25s"] / report["qps"]["rank_bm25"], 1)
+    print(json.dumps(report))
+
+
+if __name__ == "__main__":
+    main()

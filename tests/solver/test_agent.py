@@ -1,0 +1,228 @@
+"""Solver episodes (SPEC §4.1): strict turn parsing, token-exact sequences and masks, budgets."""
+import random
+
+import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
+
+from coevo.config import RankerConfig, SolverConfig
+from solver.agent import Action, observation_text, parse_action, run_episodes, Task
+from solver.ranker import Ranker, SearchTool, strip_eos
+
+TASK = Task("t1", "What is the capital of France?", ["Paris"], ["p3"])
+TASK2 = Task("t2", "Which river flows through Germany?", ["Rhine"], ["p4"])
+
+
+@pytest.mark.parametrize("text,expected", [
+    ("<search>capital of France</search>", Action("search", "capital of France", "ok")),
+    ("I should look.<think>plan</think>\n<search>  capital\n of France </search>\n",
+     Action("search", "capital of France", "ok")),
+    ("<answer>Paris</answer>", Action("answer", "Paris", "ok")),
+    ("<think>easy</think><answer>Paris</answer>  ", Action("answer", "Paris", "ok")),
+    ("", Action(None, "", "no_action")),
+    ("Paris", Action(None, "", "no_action")),
+    ("<think>only thinking</think>", Action(None, "", "no_action")),
+    ("<answer>Paris</answer> because", Action(None, "", "text_after_answer")),
+    ("<search>x</search>more", Action(None, "", "text_after_search")),
+    ("<search>x</search><answer>y</answer>", Action(None, "", "multiple_actions")),
+    ("<answer>a</answer><answer>b</answer>", Action(None, "", "multiple_actions")),
+    ("<search>capital of", Action(None, "", "unclosed_tag")),
+    ("</search>x<search>", Action(None, "", "bad_tags")),
+    ("<search>x</search>", Action("search", "x", "ok")),
+    ("<search>a</search", Action(None, "", "unclosed_tag")),
+    ("<think>a<search>x</search>", Action(None, "", "bad_tags")),
+    ("<think>a</think><think>b</think><search>x</search>", Action(None, "", "bad_tags")),
+    ("<search>x</search><think>a</think>", Action(None, "", "bad_tags")),
+    ("<search>   </search>", Action(None, "", "empty_search")),
+    ("<answer></answer>", Action(None, "", "empty_answer")),
+    ("<information>Doc 1</information><answer>x</answer>", Action(None, "", "hallucinated_information")),
+])
+def test_parse_action(text, expected):
+    assert parse_action(text) == expected
+
+
+def test_parse_action_unopened_closing_tag():
+    assert parse_action("capital</search>") == Action(None, "", "bad_tags")
+    assert parse_action("capital</answer>") == Action(None, "", "bad_tags")
+
+
+FRAGMENTS = ["<think>", "</think>", "<search>", "</search>", "<answer>", "</answer>", "<information>", " ", "\n",
+             "Paris", "<", ">", "/", "search", "answer", "\x00", "é", "</", "<answer", "x"]
+
+
+def test_parse_action_fuzz_10000_fragment_strings():
+    rng = random.Random(1)
+    verdicts = set()
+    for _ in range(10_000):
+        action = parse_action("".join(rng.choice(FRAGMENTS) for _ in range(rng.randint(0, 12))))
+        assert (action.kind is None) == (action.reason != "ok")
+        verdicts.add(action.reason)
+    assert len(verdicts) >= 8
+
+
+@settings(max_examples=300, deadline=None)
+@given(st.text())
+def test_parse_action_never_raises(text):
+    action = parse_action(text)
+    assert action.kind in (None, "search", "answer") and isinstance(action.reason, str)
+
+
+def test_strip_eos():
+    class Tok:
+        eos_token = "<|im_end|>"
+    assert strip_eos("<answer>x</answer><|im_end|>", Tok()) == "<answer>x</answer>"
+    assert strip_eos("<answer>x</answer>", None) == "<answer>x</answer>"
+
+
+# --- episodes --------------------------------------------------------------------------------
+
+def solver_cfg(**kw):
+    base = dict(preset="t", model="t", group_size=1, max_searches=3, max_turns=4, max_episode_tokens=100_000,
+                max_new_tokens=200)
+    base.update(kw)
+    return SolverConfig(**base)
+
+
+@pytest.fixture
+def make_tool(overlap_retriever):
+    def make(mode="none", policy=None):
+        cfg = RankerConfig(preset="t", model="t", mode=mode, n_candidates=4, top_k=3)
+        retriever = overlap_retriever()
+        return SearchTool(retriever, Ranker(cfg, policy), cfg), retriever
+    return make
+
+
+def n_observations(prompt):
+    # The system prompt names the tags too; only appended observations end with "</information>\n".
+    return prompt.count("</information>\n")
+
+
+def search_then_answer(prompt, occurrence):
+    if not n_observations(prompt):
+        return "<think>find it</think><search>capital of France</search> the engine stops before this"
+    return "<answer>Paris</answer>"
+
+
+def test_sequence_is_concatenation_of_ids_with_exact_masks(scripted_policy, make_tool, passages):
+    policy = scripted_policy(search_then_answer)
+    tool, _ = make_tool()
+    (ep,) = run_episodes(policy, [TASK], tool, solver_cfg())
+    enc = policy.tokenizer.encode
+    turn0 = enc("<think>find it</think><search>capital of France</search>")
+    obs = enc(observation_text([passages[0], passages[2], passages[3]]))
+    turn1 = enc("<answer>Paris</answer>")
+    prompt = ep.token_ids[: ep.prompt_len]
+    assert policy.tokenizer.decode(prompt).endswith("Question: What is the capital of France?\n<|assistant|>")
+    assert ep.token_ids == prompt + turn0 + obs + turn1
+    assert ep.loss_mask == [0] * len(prompt) + [1] * len(turn0) + [0] * len(obs) + [1] * len(turn1)
+    lp0 = [-(i + 1) / 100 for i in range(len(turn0))]
+    lp1 = [-(i + 1) / 100 for i in range(len(turn1))]
+    assert ep.logprobs == [0.0] * len(prompt) + lp0 + [0.0] * len(obs) + lp1
+    assert (ep.answer, ep.format_ok, ep.end_reason) == ("Paris", True, "answer")
+    assert (ep.n_searches, ep.sub_queries, ep.n_turns) == (1, ["capital of France"], 2)
+    assert ep.n_generated == len(turn0) + len(turn1) == sum(ep.loss_mask)
+    assert policy.generate_calls == [1, 1]
+    (call,) = ep.ranker_calls
+    assert call.chosen_ids == ["p0", "p2", "p3"] and call.i_ans and (call.task_id, call.turn) == ("t1", 0)
+
+
+def test_one_generate_call_per_turn_for_all_live_episodes(scripted_policy, make_tool):
+    def responder(prompt, occurrence):
+        if n_observations(prompt):
+            return "<answer>Rhine</answer>"
+        return ["<answer>Paris</answer>", "<search>river Germany</search>", "I do not know."][occurrence]
+
+    policy = scripted_policy(responder)
+    tool, retriever = make_tool()
+    episodes = run_episodes(policy, [TASK, TASK2], tool, solver_cfg(group_size=3))
+    assert policy.generate_calls == [6, 2]
+    assert retriever.queries == [["river Germany", "river Germany"]]  # one batched search per turn
+    assert [(e.task_id, e.rollout_idx) for e in episodes] == [(t, i) for t in ("t1", "t2") for i in range(3)]
+    assert [e.end_reason for e in episodes] == ["answer", "answer", "no_action"] * 2
+    assert [e.answer for e in episodes[:3]] == ["Paris", "Rhine", None]
+    assert [e.n_searches for e in episodes[:3]] == [0, 1, 0]
+
+
+def always_search(prompt, occurrence):
+    return f"<search>capital number {n_observations(prompt)}</search>"
+
+
+def test_search_beyond_max_searches_is_a_format_violation(scripted_policy, make_tool):
+    tool, _ = make_tool()
+    (ep,) = run_episodes(scripted_policy(always_search), [TASK], tool, solver_cfg(max_searches=1))
+    assert (ep.end_reason, ep.format_ok, ep.answer, ep.n_searches) == ("search_budget", False, None, 1)
+    assert ep.sub_queries == ["capital number 0"]
+    assert ep.n_turns == 2  # the over-budget turn's tokens stay in the sequence (mask 1)
+
+
+def test_max_turns_ends_without_answer(scripted_policy, make_tool):
+    tool, _ = make_tool()
+    (ep,) = run_episodes(scripted_policy(always_search), [TASK], tool, solver_cfg(max_turns=2, max_searches=5))
+    assert (ep.end_reason, ep.format_ok, ep.n_searches, ep.n_turns) == ("max_turns", False, 2, 2)
+
+
+def test_token_budget_truncates_generation(scripted_policy, make_tool):
+    policy = scripted_policy(lambda p, o: "<think>" + "x" * 100 + "</think><answer>Paris</answer>")
+    tool, _ = make_tool()
+    (probe,) = run_episodes(policy, [TASK], tool, solver_cfg())
+    budget = probe.prompt_len + 30
+    (ep,) = run_episodes(policy, [TASK], tool, solver_cfg(max_episode_tokens=budget))
+    assert (ep.end_reason, ep.answer, ep.n_generated) == ("token_budget", None, 30)
+    assert len(ep.token_ids) == len(ep.loss_mask) == len(ep.logprobs) == budget
+
+
+def test_token_budget_without_room_for_the_observation(scripted_policy, make_tool):
+    policy = scripted_policy(search_then_answer)
+    tool, _ = make_tool()
+    (probe,) = run_episodes(policy, [TASK], tool, solver_cfg())
+    turn0 = len(policy.tokenizer.encode("<think>find it</think><search>capital of France</search>"))
+    (ep,) = run_episodes(policy, [TASK], tool, solver_cfg(max_episode_tokens=probe.prompt_len + turn0 + 10))
+    assert (ep.end_reason, ep.n_searches) == ("token_budget", 1)
+    assert ep.token_ids == probe.token_ids[: probe.prompt_len + turn0]
+
+
+def test_prompt_over_budget_generates_nothing(scripted_policy, make_tool):
+    policy = scripted_policy(search_then_answer)
+    tool, _ = make_tool()
+    (ep,) = run_episodes(policy, [TASK], tool, solver_cfg(max_episode_tokens=10))
+    assert ep.end_reason == "token_budget" and policy.generate_calls == [] and ep.n_generated == 0
+
+
+@pytest.mark.parametrize("turn,reason", [("<search> </search>", "empty_search"),
+                                         ("<search>capital of France", "unclosed_tag"),
+                                         ("<information>fake</information><answer>x</answer>",
+                                          "hallucinated_information")])
+def test_malformed_turn_ends_episode_without_search(scripted_policy, make_tool, turn, reason):
+    tool, retriever = make_tool()
+    (ep,) = run_episodes(scripted_policy(lambda p, o: turn), [TASK], tool, solver_cfg())
+    assert (ep.end_reason, ep.format_ok, ep.n_searches) == (reason, False, 0)
+    assert retriever.queries == []
+
+
+def test_shared_backbone_ranker_generates_in_one_extra_call(scripted_policy, make_tool):
+    def responder(prompt, occurrence):
+        if "Candidates:" in prompt:
+            return "<reason>Doc 3 says it</reason><rerank>[3] > [1] > [2]</rerank>"
+        return search_then_answer(prompt, occurrence)
+
+    policy = scripted_policy(responder)
+    tool, _ = make_tool(mode="trainable", policy=policy)
+    episodes = run_episodes(policy, [TASK], tool, solver_cfg(group_size=2))
+    assert policy.generate_calls == [2, 2, 2]  # solver turn 0, ranker, solver turn 1
+    for ep in episodes:
+        (call,) = ep.ranker_calls
+        assert call.generated and call.format_ok and call.chosen_ids == ["p3", "p0", "p2"]
+        obs = policy.tokenizer.decode(ep.token_ids[ep.prompt_len:])
+        assert "Doc 1 (Title: France)" in obs
+
+
+def test_missing_logprobs_make_episode_logprobs_none(scripted_policy, make_tool):
+    class NoLogprobs(scripted_policy):
+        def _complete(self, *args):
+            completion = super()._complete(*args)
+            completion.logprobs = None
+            return completion
+
+    tool, _ = make_tool()
+    (ep,) = run_episodes(NoLogprobs(search_then_answer), [TASK], tool, solver_cfg())
+    assert ep.logprobs is None and ep.format_ok

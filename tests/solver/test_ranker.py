@@ -1,0 +1,183 @@
+"""Ranker prompt, strict rerank parsing, modes and the search tool (SPEC §4.3, §4.6)."""
+import random
+
+import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
+
+from coevo.config import RankerConfig
+from solver.ranker import (Ranker, SearchRequest, SearchTool, build_ranker, format_documents, oracle_order,
+                           parse_rerank, ranker_messages)
+
+REASON = "<reason>doc 3 names the capital</reason>"
+
+
+@pytest.mark.parametrize("text,expected", [
+    (REASON + "<rerank>[3] > [1] > [2]</rerank>", [2, 0, 1]),
+    (REASON + "\n<rerank>[3]>[1]>[2]</rerank>  \n", [2, 0, 1]),
+    ("prefix " + REASON + "<rerank> [5] >  [4] > [1] </rerank>", [4, 3, 0]),
+])
+def test_parse_rerank_ok(text, expected):
+    assert parse_rerank(text, 5, 3) == (expected, "ok")
+
+
+@pytest.mark.parametrize("text,code", [
+    ("", "no_rerank_tag"),
+    ("[1] > [2] > [3]", "no_rerank_tag"),
+    (REASON + "<rerank>[1] > [2] > [3]", "unclosed_rerank"),
+    (REASON + "<rerank>[1] > [2] > [3]</rerank><rerank>[1]</rerank>", "multiple_rerank_tags"),
+    ("<rerank>[1] > [2] > [3]</rerank>", "no_reason_tag"),
+    ("<reason>a<rerank>[1] > [2] > [3]</rerank>", "bad_reason_tag"),
+    ("<rerank>[1] > [2] > [3]</rerank>" + REASON, "bad_tag_order"),
+    (REASON + "<rerank>[1] > [2] > [3]</rerank> because", "text_after_rerank"),
+    (REASON + "<rerank>1 > 2 > 3</rerank>", "bad_syntax"),
+    (REASON + "<rerank>[1], [2], [3]</rerank>", "bad_syntax"),
+    (REASON + "<rerank>[1] > [2] ></rerank>", "bad_syntax"),
+    (REASON + "<rerank>[-1] > [2] > [3]</rerank>", "bad_syntax"),
+    (REASON + "<rerank></rerank>", "bad_syntax"),
+    (REASON + "<rerank>[0] > [2] > [3]</rerank>", "index_out_of_range"),
+    (REASON + "<rerank>[6] > [2] > [3]</rerank>", "index_out_of_range"),
+    (REASON + "<rerank>[" + "9" * 5000 + "] > [2] > [3]</rerank>", "index_out_of_range"),
+    (REASON + "<rerank>[2] > [2] > [3]</rerank>", "duplicate_index"),
+    (REASON + "<rerank>[2] > [3]</rerank>", "wrong_count"),
+    (REASON + "<rerank>[2] > [3] > [4] > [1]</rerank>", "wrong_count"),
+])
+def test_parse_rerank_failures(text, code):
+    assert parse_rerank(text, 5, 3) == (None, code)
+
+
+FRAGMENTS = ["<reason>", "</reason>", "<rerank>", "</rerank>", "[", "]", ">", " ", "\n", "1", "3", "12",
+             "99999999", "-", "[2]", " > ", "x", "<", "/", "é", "\x00", "<rerank", "reason>"]
+
+
+def test_parse_rerank_fuzz_10000_fragment_strings():
+    rng = random.Random(0)
+    verdicts = set()
+    for _ in range(10_000):
+        text = "".join(rng.choice(FRAGMENTS) for _ in range(rng.randint(0, 30)))
+        indices, code = parse_rerank(text, rng.randint(0, 12), rng.randint(1, 5))
+        assert isinstance(code, str) and (indices is None) == (code != "ok")
+        verdicts.add(code)
+    assert len(verdicts) >= 6  # the generator reaches many different verdicts
+
+
+@settings(max_examples=300, deadline=None)
+@given(st.text(), st.integers(-3, 60), st.integers(-3, 10))
+def test_parse_rerank_never_raises(text, n, k):
+    indices, code = parse_rerank(text, n, k)
+    if indices is not None:
+        assert code == "ok" and len(indices) == k and len(set(indices)) == k and all(0 <= i < n for i in indices)
+
+
+@settings(max_examples=300, deadline=None)
+@given(st.lists(st.integers(1, 10), min_size=1, max_size=5, unique=True))
+def test_parse_rerank_roundtrip(order):
+    text = REASON + "<rerank>" + " > ".join(f"[{i}]" for i in order) + "</rerank>"
+    assert parse_rerank(text, 10, len(order)) == ([i - 1 for i in order], "ok")
+
+
+def test_ranker_messages_hold_q0_subquery_numbered_truncated_candidates(passages):
+    msgs = ranker_messages("Q0?", "sub query", passages[:3], k=2, passage_chars=10)
+    user = msgs[1]["content"]
+    assert "Question: Q0?" in user and "Search query: sub query" in user
+    assert "[1] (Paris) Paris is t…" in user and "[3] (Berlin) Berlin is…" in user
+    assert "exactly 2" in msgs[0]["content"]
+
+
+def test_oracle_order():
+    assert oracle_order([False, True, False, True]) == [1, 3, 0, 2]
+    assert oracle_order([False, False]) == [0, 1]
+
+
+def _cfg(**kw):
+    return RankerConfig(preset="t", model="t", n_candidates=4, top_k=2, **kw)
+
+
+@pytest.fixture
+def make_tool(scripted_policy, overlap_retriever):
+    def make(mode, responder=None, **kw):
+        policy = scripted_policy(responder) if responder else None
+        retriever = overlap_retriever()
+        cfg = _cfg(mode=mode, **kw)
+        return SearchTool(retriever, Ranker(cfg, policy), cfg), policy, retriever
+    return make
+
+
+REQ = SearchRequest("What is the capital of France?", "capital of France", ["Paris"], ["p1"], "t1", 0, 0)
+# "capital of France" candidates, first-stage order: p0 (3 shared words), p2, p3 (2 each), p1 (of, france)
+
+
+def test_trainable_mode_uses_ranker_order_and_records_training_data(make_tool):
+    tool, policy, _ = make_tool("trainable", lambda p, o: REASON + "<rerank>[3] > [2]</rerank>")
+    (result,) = tool.search([REQ])
+    call = result.call
+    assert call.candidate_ids == ["p0", "p2", "p3", "p1"]
+    assert call.chosen_ids == ["p3", "p2"] and [p.id for p in result.passages] == ["p3", "p2"]
+    assert call.format_ok and call.reason == "ok" and call.generated
+    assert call.i_ans and call.relevant == [True, False, True, False]
+    assert policy.tokenizer.decode(call.completion_ids) == call.text
+    assert len(call.logprobs) == len(call.completion_ids)
+    assert policy.tokenizer.decode(call.prompt_ids).count("Candidates:") == 1
+    assert (call.task_id, call.rollout_idx, call.turn) == ("t1", 0, 0)
+    assert call.ranked_relevant() == [True, False]
+
+
+def test_malformed_output_falls_back_to_first_stage_top_k(make_tool):
+    tool, _, _ = make_tool("frozen", lambda p, o: "I think [2] is best")
+    (result,) = tool.search([REQ])
+    assert not result.call.format_ok and result.call.reason == "no_rerank_tag"
+    assert result.call.chosen_ids == ["p0", "p2"]
+
+
+def test_all_prompts_of_a_turn_share_one_generate_call(make_tool):
+    tool, policy, retriever = make_tool("trainable", lambda p, o: REASON + "<rerank>[1] > [2]</rerank>")
+    reqs = [REQ, REQ._replace(sub_query="Germany river", rollout_idx=1), ("q0", "zzz unknown", ["x"], [])]
+    results = tool.search(reqs)
+    assert policy.generate_calls == [2]  # the no-candidate search generates nothing
+    assert len(retriever.queries) == 1
+    assert results[2].passages == [] and results[2].call.reason == "no_candidates"
+    assert not results[2].call.generated
+
+
+def test_none_mode_is_first_stage_top_k_without_generation(make_tool):
+    tool, _, _ = make_tool("none")
+    (result,) = tool.search([REQ])
+    assert result.call.chosen_ids == ["p0", "p2"] and result.call.format_ok and not result.call.generated
+
+
+def test_oracle_mode_promotes_answer_passages(make_tool):
+    tool, _, _ = make_tool("oracle")
+    (result,) = tool.search([REQ])
+    assert result.call.chosen_ids == ["p0", "p3"]  # both mention Paris, retriever order kept
+    (miss,) = tool.search([REQ._replace(answers=["Munich"])])
+    assert miss.call.chosen_ids == ["p0", "p2"] and not miss.call.i_ans
+
+
+def test_evidence_relevance_sets_i_ans(make_tool):
+    tool, _, _ = make_tool("none", relevance="evidence")
+    (result,) = tool.search([REQ._replace(answers=["nothing here"])])
+    assert result.call.relevant == [False, False, False, True] and result.call.i_ans
+
+
+def test_fewer_candidates_than_k_ranks_them_all(make_tool):
+    tool, _, _ = make_tool("trainable", lambda p, o: REASON + "<rerank>[1]</rerank>")
+    (result,) = tool.search([REQ._replace(sub_query="Alps")])
+    assert result.call.candidate_ids == ["p5"] and result.call.format_ok and result.call.chosen_ids == ["p5"]
+
+
+def test_build_ranker_share_backbone_and_modes(scripted_policy):
+    solver = scripted_policy(lambda p, o: "")
+    assert build_ranker(_cfg(share_backbone=True), solver).policy is solver
+    own = scripted_policy(lambda p, o: "")
+    assert build_ranker(_cfg(), solver, lambda: own).policy is own
+    assert build_ranker(_cfg(mode="oracle"), solver, lambda: pytest.fail("must not load")).policy is None
+    with pytest.raises(ValueError):
+        Ranker(_cfg(mode="trainable"), None)
+    with pytest.raises(ValueError):
+        Ranker(_cfg(mode="learned"), solver)
+
+
+def test_format_documents(passages):
+    assert format_documents(passages[:2]) == ("Doc 1 (Title: Paris) Paris is the capital of France.\n"
+                                             "Doc 2 (Title: Lyon) Lyon is a city in France.")
+    assert format_documents([]) == "No results."

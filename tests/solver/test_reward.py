@@ -1,0 +1,133 @@
+"""Hand-computed solver (SPEC §4.2) and ranker (SPEC §4.5) rewards."""
+import pytest
+
+from evidence.corpus import Passage
+from solver.reward import (correctness, hit_at_k, hit_cutoffs, ranker_reward, relevance_labels,
+                           relevance_reward, solver_rewards)
+
+
+def approx(values):
+    return pytest.approx(values, abs=1e-9)
+
+
+# --- tool-aware solver reward -------------------------------------------------------------
+
+def test_correct_rollouts_pay_for_extra_searches():
+    # s = 1, 2, 3 among correct rollouts: fraction 0, 0.5, 1 -> 1 - 0.2 * fraction
+    assert solver_rewards([1, 1, 1], [1, 2, 3], [True] * 3, tool_cost=0.2) == approx([1.0, 0.9, 0.8])
+
+
+def test_wrong_rollout_gets_zero_and_does_not_set_the_range():
+    # The wrong rollout searched 0 times; s_min stays 2 (correct rollouts only) -> 1.0, 0.8, 0
+    assert solver_rewards([1, 1, 0], [2, 4, 0], [True] * 3, tool_cost=0.2) == approx([1.0, 0.8, 0.0])
+
+
+def test_format_violation_is_minus_alpha_even_if_correct():
+    assert solver_rewards([1, 0, 1], [1, 1, 3], [True, False, False], 0.2, 0.2) == approx([1.0, -0.2, -0.2])
+
+
+def test_ties_all_equal_searches_give_full_reward():
+    assert solver_rewards([1, 1, 1, 1], [2, 2, 2, 2], [True] * 4) == approx([1.0] * 4)
+
+
+def test_single_correct_rollout_has_no_range():
+    assert solver_rewards([0, 1, 0, 0], [0, 3, 1, 2], [True] * 4) == approx([0.0, 1.0, 0.0, 0.0])
+
+
+def test_all_wrong_is_zero():
+    assert solver_rewards([0, 0, 0], [1, 2, 3], [True] * 3) == approx([0.0, 0.0, 0.0])
+
+
+def test_f1_correctness_scales_and_partial_rollouts_count_as_correct():
+    # c = 0.5 with s=1 (s_min), c = 1 with s=3 (s_max): 0.5 * 1, 1 * (1 - 0.2)
+    assert solver_rewards([0.5, 1.0], [1, 3], [True, True]) == approx([0.5, 0.8])
+
+
+def test_tool_cost_lambda_is_used():
+    assert solver_rewards([1, 1], [0, 2], [True, True], tool_cost=0.5) == approx([1.0, 0.5])
+
+
+def test_length_mismatch_raises():
+    with pytest.raises(ValueError):
+        solver_rewards([1], [1, 2], [True])
+
+
+def test_correctness_em_f1_and_no_answer():
+    assert correctness("The Paris", ["paris"], "em") == 1.0
+    assert correctness("Paris France", ["paris"], "em") == 0.0
+    assert correctness("Paris France", ["paris"], "f1") == pytest.approx(2 / 3)
+    assert correctness(None, ["paris"], "f1") == 0.0
+    with pytest.raises(ValueError):
+        correctness("x", ["x"], "bleu")
+
+
+# --- composite ranker reward --------------------------------------------------------------
+
+@pytest.mark.parametrize("top_k,expected", [(1, [1]), (2, [1, 2]), (3, [1, 3]), (4, [1, 3, 4]),
+                                            (5, [1, 3, 5]), (10, [1, 3, 5])])
+def test_hit_cutoffs_are_capped_and_deduplicated(top_k, expected):
+    assert hit_cutoffs(top_k) == expected
+
+
+def test_hit_at_k():
+    assert hit_at_k([False, True, False], 1) == 0.0
+    assert hit_at_k([False, True, False], 2) == 1.0
+    assert hit_at_k([], 3) == 0.0
+
+
+@pytest.mark.parametrize("ranked,top_k,expected", [
+    ([True, False, False], 3, 1.0),        # Hit@1 = Hit@3 = 1
+    ([False, False, True], 3, 0.5),        # Hit@1 = 0, Hit@3 = 1
+    ([False, False, False], 3, 0.0),
+    ([False, True, False, False, False], 5, 2 / 3),  # Hit@1 0, Hit@3 1, Hit@5 1
+    ([False, False, False, True, False], 5, 1 / 3),  # only Hit@5
+])
+def test_relevance_reward(ranked, top_k, expected):
+    assert relevance_reward(ranked, top_k) == pytest.approx(expected)
+
+
+@pytest.mark.parametrize("format_ok,i_ans,r_rel,r_main,expected", [
+    (False, True, 1.0, 1.0, -0.2),   # malformed -> -alpha whatever else
+    (False, False, 0.0, 1.0, -0.2),
+    (True, True, 0.5, 1.0, 0.5),     # r_rel <= gamma (boundary) -> r_rel only
+    (True, True, 0.0, 1.0, 0.0),
+    (True, True, 1.0, 1.0, 2.0),     # r_rel > gamma -> r_rel + r_main
+    (True, True, 1.0, 0.4, 1.4),
+    (True, True, 2 / 3, 0.0, 2 / 3),
+    (True, False, 0.0, 0.7, 0.7),    # I_ans = 0 -> r_main
+    (True, False, 0.0, 0.0, 0.0),
+])
+def test_ranker_reward_table(format_ok, i_ans, r_rel, r_main, expected):
+    assert ranker_reward(format_ok, i_ans, r_rel, r_main, gamma=0.5, format_penalty=0.2) == pytest.approx(expected)
+
+
+def test_relevance_labels_modes():
+    passages = [Passage("a", "Paris", "The capital."), Passage("b", "X", "It is in Paris, France."),
+                Passage("c", "Y", "Comparison text."), Passage("d", "Z", "Unrelated.")]
+    answers, evidence = ["paris"], ["c", "b"]
+    assert relevance_labels(passages, answers, evidence, "answer") == [True, True, False, False]
+    assert relevance_labels(passages, answers, evidence, "evidence") == [False, True, True, False]
+    assert relevance_labels(passages, answers, evidence, "both") == [True, True, True, False]
+    with pytest.raises(ValueError):
+        relevance_labels(passages, answers, evidence, "bogus")
+
+
+def test_answer_relevance_is_token_aligned():
+    assert relevance_labels([Passage("a", "T", "A big party.")], ["art"], [], "answer") == [False]
+
+
+def test_score_ranker_call_fills_r_rel_and_reward():
+    from coevo.config import RankerConfig
+    from solver.ranker import RankerCall
+    from solver.reward import score_ranker_call
+
+    call = RankerCall(q0="q", sub_query="s", task_id="t", rollout_idx=0, turn=0, mode="trainable",
+                      candidate_ids=["a", "b", "c", "d"], chosen_ids=["b", "c", "a"], format_ok=True, reason="ok",
+                      i_ans=True, relevant=[False, False, True, False])
+    cfg = RankerConfig(preset="t", model="t", top_k=3, gamma=0.5)
+    # relevant "c" at rank 2: Hit@1 0, Hit@3 1 -> r_rel 0.5 <= gamma -> reward = r_rel
+    assert score_ranker_call(call, r_main=1.0, cfg=cfg) == 0.5 and call.r_rel == 0.5
+    call.chosen_ids = ["c", "a", "b"]  # Hit@1 1 -> r_rel 1 > gamma -> 1 + r_main
+    assert score_ranker_call(call, r_main=0.25, cfg=cfg) == 1.25
+    call.format_ok = False
+    assert score_ranker_call(call, r_main=1.0, cfg=cfg) == -0.2

@@ -1,0 +1,136 @@
+"""CoSearch step of `python -m coevo.solve` with scripted policies: rewards, groups, batches, updates."""
+import json
+from pathlib import Path
+
+import pytest
+
+from coevo.config import RankerConfig, SolverConfig
+from coevo.solve import (SolveRootConfig, SolveStack, load_tasks, question_batches, register_solve_schema,
+                         solve_step, to_solve_object)
+from solver.agent import Task
+from solver.ranker import Ranker, SearchTool
+
+CONFIG_DIR = str(Path(__file__).resolve().parents[2] / "configs")
+TASKS = [Task("t1", "What is the capital of France?", ["Paris"], ["p3"]),
+         Task("t2", "Which river flows through Germany?", ["Rhine"], ["p4"])]
+RANKINGS = ["<reason>a</reason><rerank>[1] > [3] > [2]</rerank>", "no idea",
+            "<reason>b</reason><rerank>[2] > [4] > [1]</rerank>", "<reason>c</reason><rerank>[1] > [2] > [3]</rerank>"]
+
+
+def solver_turn(prompt, occurrence):
+    if "Candidates:" in prompt:  # shared-backbone ranker prompt
+        return RANKINGS[occurrence]
+    if "Germany" in prompt.split("Question:")[-1] and "</information>\n" not in prompt:
+        return "I am not sure."  # every t2 rollout breaks the format: a zero-variance group
+    if "</information>\n" not in prompt:
+        return "<search>capital of France</search>"
+    first_title = prompt.rsplit("<information>Doc 1 (Title: ", 1)[1].split(")")[0]
+    return f"<answer>{first_title}</answer>"
+
+
+@pytest.fixture
+def trainable(scripted_policy):
+    class Trainable(scripted_policy):
+        def __init__(self, responder):
+            super().__init__(responder)
+            self.updates = []
+
+        def update(self, batch):
+            self.updates.append(batch)
+            return {"loss": 0.0, "n_seqs": len(batch)}
+    return Trainable
+
+
+def make_cfg(**ranker_kw):
+    return SolveRootConfig(solver=SolverConfig(preset="t", model="t", group_size=4, max_searches=2, max_turns=3,
+                                               max_new_tokens=100),
+                           ranker=RankerConfig(preset="t", model="t", n_candidates=4, top_k=3, **ranker_kw))
+
+
+def make_stack(cfg, trainable, overlap_retriever, shared=False):
+    solver = trainable(solver_turn)
+    ranker_policy = solver if shared else trainable(lambda p, o: RANKINGS[o])
+    return SolveStack(solver, SearchTool(overlap_retriever(), Ranker(cfg.ranker, ranker_policy), cfg.ranker))
+
+
+def test_solve_step_rewards_groups_and_updates(trainable, overlap_retriever):
+    cfg = make_cfg()
+    stack = make_stack(cfg, trainable, overlap_retriever)
+    m = solve_step(stack, TASKS, cfg, train=True)
+    # t1: 4 rollouts search once, answer with Doc 1's title: Paris, Paris (fallback order), Berlin, Paris
+    assert (m["solver_format_valid"], m["em"], m["mean_searches"]) == (0.5, 0.375, 0.5)
+    assert m["end_reasons"] == {"answer": 4, "no_action": 4}
+    # solver rewards t1 [1, 1, 0, 1] (equal searches), t2 all -0.2 -> t2 is zero-variance
+    assert m["solver_reward"] == pytest.approx((3 - 0.8) / 8, abs=1e-4)
+    assert (m["solver_zero_var_groups"], m["solver_train_seqs"]) == (1, 4)
+    # ranker: r_rel 1, malformed, 0.5, 1 -> rewards 2, -0.2, 0.5, 2; one semantic group of 4
+    assert (m["ranker_calls"], m["ranker_format_valid"], m["ranker_groups"], m["ranker_grouped_share"]) == (
+        4, 0.75, 1, 1.0)
+    assert m["ranker_reward"] == pytest.approx(4.3 / 4)
+    (solver_batch,) = stack.solver.updates
+    (ranker_batch,) = stack.ranker_policy.updates
+    assert len(solver_batch) == 4 and len(ranker_batch) == 4
+    adv = [s.advantage for s in ranker_batch]
+    assert adv[0] == pytest.approx(adv[3]) and adv[0] > adv[2] > adv[1]
+    assert sum(adv) == pytest.approx(0.0, abs=1e-5)
+    for seq in ranker_batch + solver_batch:
+        assert len(seq.input_ids) == len(seq.loss_mask) == len(seq.old_logprobs)
+
+
+def test_shared_backbone_gets_one_update_with_both_batches(trainable, overlap_retriever):
+    cfg = make_cfg(share_backbone=True)
+    stack = make_stack(cfg, trainable, overlap_retriever, shared=True)
+    m = solve_step(stack, TASKS, cfg, train=True)
+    assert [len(b) for b in stack.solver.updates] == [8]
+    assert "ranker_update" not in m
+
+
+@pytest.mark.parametrize("mode", ["frozen", "none", "oracle"])
+def test_non_trainable_ranker_modes_never_update_the_ranker(trainable, overlap_retriever, mode):
+    cfg = make_cfg(mode=mode)
+    stack = make_stack(cfg, trainable, overlap_retriever)
+    ranker_policy = stack.ranker_policy
+    if mode != "frozen":
+        stack.tool.ranker.policy = None  # none/oracle hold no ranker policy at all
+    m = solve_step(stack, TASKS, cfg, train=True)
+    assert "ranker_update" not in m and m["ranker_calls"] == 4
+    assert ranker_policy.updates == []
+    assert (m["ranker_generated"] > 0) == (mode == "frozen")
+
+
+def test_train_false_makes_no_update(trainable, overlap_retriever):
+    cfg = make_cfg()
+    stack = make_stack(cfg, trainable, overlap_retriever)
+    m = solve_step(stack, TASKS, cfg, train=False)
+    assert stack.solver.updates == [] and "solver_update" not in m
+
+
+def test_load_tasks_and_batches(tmp_path):
+    path = tmp_path / "q.jsonl"
+    path.write_text("\n".join(json.dumps(r) for r in [
+        {"id": "a", "question": "Q1?", "answers": ["x", "y"], "gold_ids": ["p1"]},
+        {"question": "Q2?", "answer": "z"}, {}]) + "\n")
+    with pytest.raises(ValueError, match=":3:"):
+        load_tasks(path)
+    tasks = load_tasks(path, limit=2)
+    assert [(t.id, t.answers, t.evidence_ids) for t in tasks] == [("a", ["x", "y"], ["p1"]), ("q2", ["z"], [])]
+    batches = list(question_batches(tasks, 3, 3, shuffle=False))
+    assert [[t.id for t in b] for b in batches] == [["a", "q2"]] * 3
+
+
+def test_solve_config_mirrors_coevo_config():
+    from hydra import compose, initialize_config_dir
+    from hydra.core.global_hydra import GlobalHydra
+
+    register_solve_schema()
+    GlobalHydra.instance().clear()
+    with initialize_config_dir(config_dir=CONFIG_DIR, version_base="1.3"):
+        solve = compose(config_name="solve", overrides=["experiment=smoke", "run.dir=x"])
+        coevo = compose(config_name="coevo", overrides=["experiment=smoke", "run.dir=x", "corpus=wiki_mini",
+                                                        "solver.reward.correctness=f1"])
+    GlobalHydra.instance().clear()
+    solve_dict = dict(solve)
+    assert solve_dict.pop("solve")["batch_questions"] == 4
+    assert solve_dict == dict(coevo)
+    cfg = to_solve_object(solve)
+    assert cfg.solver.preset == "tiny-random" and cfg.solve.data.endswith("wiki_mini/questions_dev.jsonl")

@@ -17,12 +17,12 @@ from typing import Any, Optional
 
 import networkx as nx
 
-from evidence.entities import EntityIndex, normalize_entity
+from evidence.entities import TOPIC_PRONOUNS, VALUE_LABELS, EntityIndex, normalize_entity, title_key
 from evidence.graph import (add_passages, best_support, display_name, edge_rank, is_alias, node_label,
                             resolve_node)
 
 SAMPLE_POOL = 6  # the extra branches are sampled among the next-best SAMPLE_POOL neighbours
-UNRELIABLE_LABELS = frozenset({"DATE"})
+UNRELIABLE_LABELS = frozenset({"DATE"}) | VALUE_LABELS
 MAX_TARGET_CHARS = 1000  # longer "targets" are not entities; do not send them to the retriever
 
 
@@ -78,11 +78,14 @@ class EvidencePath:
         return cls(target=str(data.get("target", "")), hops=hops)
 
 
-def _mentions(sentence: str, mention: str, key: str) -> bool:
-    """The sentence writes `mention`, and `mention` names `key` (same key or a folded alias)."""
+def _mentions(sentence: str, mention: str, key: str, title: str) -> bool:
+    """The sentence writes `mention`, and `mention` names `key`: same key, a folded alias, or
+    a sentence-opening pronoun standing for the topic of the passage titled `title`."""
     m = normalize_entity(mention)
     if not m or f" {m} " not in f" {normalize_entity(sentence)} ":
         return False
+    if m in TOPIC_PRONOUNS:
+        return bool(key) and key == title_key(title)
     return not key or m == key or is_alias(m, key)
 
 
@@ -105,8 +108,8 @@ def certify_path(path: Any) -> Optional[str]:
         head = h.head_key or normalize_entity(h.head)
         if head != keys[i]:
             return "discontinuous"
-        if not (_mentions(h.sentence, h.head_mention or h.head, head)
-                and _mentions(h.sentence, h.tail_mention or h.tail, keys[i + 1])):
+        if not (_mentions(h.sentence, h.head_mention or h.head, head, h.title)
+                and _mentions(h.sentence, h.tail_mention or h.tail, keys[i + 1], h.title)):
             return "discontinuous"
     return None
 

@@ -100,18 +100,17 @@ class EvidenceWorker:
     def __init__(self, cfg: CoevoConfig) -> None:
         from coevo.stack import corpus_spec
         from evidence.corpus import load_corpus
-        from evidence.entities import build_entity_index
-        from evidence.paths import EvidencePipeline
+        from evidence.pipeline import EvidencePipeline
         from evidence.retrieval import build_retriever
 
         _limit_threads(1)
         corpus = load_corpus(corpus_spec(cfg))
         retriever = build_retriever(corpus, cfg.retrieval.backend, cfg.retrieval.cache_dir)
-        index = build_entity_index(corpus, cfg.evidence.spacy_model)
-        self.pipeline = EvidencePipeline(corpus, retriever, index, cfg.evidence)
+        self.pipeline = EvidencePipeline.from_config(corpus, retriever, cfg.evidence,
+                                                     max_target_chars=cfg.proposer.max_target_chars)
 
-    def validate_targets(self, targets: list[str], references: list[str]) -> list[Any]:
-        return self.pipeline.validate_targets(targets, references)
+    def validate_targets(self, targets: list[str], references: list[str]) -> list[dict]:
+        return [v.to_dict() for v in self.pipeline.validate_targets(targets, references)]
 
     def build_paths(self, targets: list[str], seed: int) -> list[list[dict]]:
         import random
@@ -119,8 +118,8 @@ class EvidenceWorker:
         paths = self.pipeline.build_paths(targets, random.Random(seed))
         return [[p.to_dict() for p in row] for row in paths]
 
-    def validate_questions(self, questions: list[str], targets: list[str], paths: list[dict]) -> list[Any]:
-        return self.pipeline.validate_questions(questions, targets, paths)
+    def validate_questions(self, questions: list[str], targets: list[str], paths: list[dict]) -> list[dict]:
+        return [v.to_dict() for v in self.pipeline.validate_questions(questions, targets, paths)]
 
 
 class RemoteEvidence:
@@ -186,6 +185,12 @@ class RemotePolicy:
     def update(self, batch: list) -> dict:
         return call(self.actor.update.remote(batch), f"{self.role} update")
 
+    def save(self, directory: str) -> str:
+        return call(self.actor.save.remote(str(directory)), f"{self.role} save")
+
+    def load(self, directory: str) -> None:
+        call(self.actor.load.remote(str(directory)), f"{self.role} load")
+
 
 @dataclass
 class Actors:
@@ -245,3 +250,22 @@ def _ranker_policy_cfg(cfg: CoevoConfig) -> PolicyConfig:
 
         return dataclasses.replace(cfg.ranker, frozen=True)
     return cfg.ranker
+
+
+def create_local_actors(cfg: CoevoConfig) -> Actors:
+    """The same wiring in one process, without Ray (tests and debugging; `ray.local=true`)."""
+    from coevo.policy import Policy
+    from coevo.stack import corpus_spec
+    from evidence.corpus import load_corpus
+    from evidence.retrieval import build_retriever
+
+    proposer = Policy.from_config(cfg.proposer, "proposer")
+    solver = Policy.from_config(cfg.solver, "solver")
+    ranker = None
+    if cfg.ranker.mode in ("trainable", "frozen"):
+        ranker = solver if cfg.ranker.share_backbone else Policy.from_config(_ranker_policy_cfg(cfg), "ranker")
+    retriever = build_retriever(load_corpus(corpus_spec(cfg)), cfg.retrieval.backend, cfg.retrieval.cache_dir)
+    trainable = {r: p for r, p in (("proposer", proposer), ("solver", solver)) if not p.frozen}
+    if ranker is not None and ranker is not solver and not ranker.frozen:
+        trainable["ranker"] = ranker
+    return Actors(proposer, solver, ranker, retriever, EvidenceWorker(cfg), trainable)  # type: ignore[arg-type]

@@ -137,6 +137,7 @@ class RayConfig:
 
     address: Optional[str] = None  # join this cluster; None starts a local one
     num_cpus: Optional[int] = None  # CPUs of the local cluster (None = all)
+    local: bool = False  # run every role in the driver process without Ray (debugging, tests)
 
 
 @dataclass

@@ -55,6 +55,7 @@ def atomic_dir(target: str | os.PathLike) -> Iterator[Path]:
     target = Path(target)
     target.parent.mkdir(parents=True, exist_ok=True)
     tmp = Path(tempfile.mkdtemp(prefix=f".tmp-{target.name}-", dir=target.parent))
+    os.chmod(tmp, 0o755)  # mkdtemp makes it private; caches and checkpoints are meant to be shared
     try:
         yield tmp
         if target.exists():

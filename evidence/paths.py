@@ -6,8 +6,10 @@ graph, rank the target's neighbours (`graph.edge_rank`), keep the best and sampl
 that runs out of reliable neighbours ends early (the hop budget is an upper bound).
 Retrieval is batched per depth: at most 1 + b + b² + … searches for a path tree.
 
-Reliable neighbours exclude DATE entities (a year retrieves noise and makes a poor bridge)
-and any entity that is an alias of one already on the branch ("Snow" after "Hank Snow").
+Reliable neighbours exclude dates, numbers and nationalities (they retrieve noise and make
+poor bridges), hubs mentioned by more than 1% of the corpus, and any entity that is an
+alias or acronym of one already on the branch ("Snow" after "Hank Snow", "IP" after
+"Internet Protocol"). Every hop uses its own sentence.
 """
 from __future__ import annotations
 
@@ -18,11 +20,12 @@ from typing import Any, Optional
 import networkx as nx
 
 from evidence.entities import TOPIC_PRONOUNS, VALUE_LABELS, EntityIndex, normalize_entity, title_key
-from evidence.graph import (add_passages, best_support, display_name, edge_rank, is_alias, node_label,
-                            resolve_node)
+from evidence.graph import (Support, add_passages, best_support, display_name, edge_rank, node_label,
+                            resolve_node, same_entity)
 
 SAMPLE_POOL = 6  # the extra branches are sampled among the next-best SAMPLE_POOL neighbours
-UNRELIABLE_LABELS = frozenset({"DATE"}) | VALUE_LABELS
+UNRELIABLE_LABELS = frozenset({"DATE", "NORP"}) | VALUE_LABELS  # years, numbers, nationalities
+HUB_SHARE, HUB_MIN_PASSAGES = 0.01, 50
 MAX_TARGET_CHARS = 1000  # longer "targets" are not entities; do not send them to the retriever
 
 
@@ -86,7 +89,7 @@ def _mentions(sentence: str, mention: str, key: str, title: str) -> bool:
         return False
     if m in TOPIC_PRONOUNS:
         return bool(key) and key == title_key(title)
-    return not key or m == key or is_alias(m, key)
+    return not key or m == key or same_entity(m, key)
 
 
 def certify_path(path: Any) -> Optional[str]:
@@ -102,7 +105,7 @@ def certify_path(path: Any) -> Optional[str]:
             return "missing_evidence"
     keys = [hops[0].head_key or normalize_entity(hops[0].head)]
     keys += [h.tail_key or normalize_entity(h.tail) for h in hops]
-    if any(not k for k in keys) or any(is_alias(a, b) for i, a in enumerate(keys) for b in keys[i + 1:]):
+    if any(not k for k in keys) or any(same_entity(a, b) for i, a in enumerate(keys) for b in keys[i + 1:]):
         return "repeated_entity"
     for i, h in enumerate(hops):
         head = h.head_key or normalize_entity(h.head)
@@ -114,7 +117,7 @@ def certify_path(path: Any) -> Optional[str]:
     return None
 
 
-def _as_random(rng: Any) -> random.Random:
+def as_random(rng: Any) -> random.Random:
     if isinstance(rng, random.Random):
         return rng
     if isinstance(rng, int) and not isinstance(rng, bool):
@@ -127,33 +130,51 @@ def _as_random(rng: Any) -> random.Random:
 class _Expander:
     """Grows one target's local graph by batched retrieval; each entity is searched once."""
 
-    def __init__(self, retriever: Any, index: EntityIndex, k: int) -> None:
+    def __init__(self, retriever: Any, index: EntityIndex, k: int, target: str) -> None:
         self.graph, self.retriever, self.index, self.k = nx.Graph(), retriever, index, k
+        self.anchors = [target]
         self.searched: set[str] = set()
+        # Hubs ("United States" in 4% of passages) connect everything and make vague bridges.
+        self.hub_df = max(HUB_MIN_PASSAGES, int(HUB_SHARE * len(index.corpus)))
 
     def expand(self, queries: list[str]) -> None:
         todo = [q for q in dict.fromkeys(queries) if q and q not in self.searched]
         self.searched.update(todo)
         if todo:
             for hits in self.retriever.search(todo, self.k):
-                add_passages(self.graph, hits, self.index)
+                add_passages(self.graph, hits, self.index, self.anchors)
+                self.anchors = []  # registered on the graph once; later calls reuse them
+
+    def reliable(self, key: str) -> bool:
+        return (node_label(self.graph, key) not in UNRELIABLE_LABELS
+                and self.index.document_frequency(key) <= self.hub_df)
 
 
-def _candidates(graph: nx.Graph, chain: list[str]) -> list[str]:
-    """Reliable neighbours of the chain's last entity, best first (deterministic order)."""
-    last = chain[-1]
-    cands = [n for n in graph.neighbors(last)
-             if node_label(graph, n) not in UNRELIABLE_LABELS and not any(is_alias(n, c) for c in chain)]
-    return sorted(cands, key=lambda n: tuple(-x for x in edge_rank(graph, last, n)) + (n,))
+Chain = list[tuple[str, Optional[Support]]]  # (entity key, sentence linking it to the previous one)
 
 
-def _grow(exp: _Expander, chains: list[list[str]], branching: int, rand: random.Random,
-          finished: list[list[str]]) -> list[list[str]]:
+def _candidates(exp: _Expander, chain: Chain) -> list[tuple[str, Support]]:
+    """Reliable neighbours of the chain's last entity with an unused sentence, best first."""
+    graph, last = exp.graph, chain[-1][0]
+    used = [(s.passage_id, s.sentence_index) for _, s in chain if s is not None]
+    ranked = sorted(graph.neighbors(last), key=lambda n: tuple(-x for x in edge_rank(graph, last, n)) + (n,))
+    out = []
+    for n in ranked:
+        if any(same_entity(n, key) for key, _ in chain) or not exp.reliable(n):
+            continue
+        sup = best_support(graph, last, n, exclude=used)
+        if sup is not None:  # each hop needs its own sentence, or two hops say one thing
+            out.append((n, sup))
+    return out
+
+
+def _grow(exp: _Expander, chains: list[Chain], branching: int, rand: random.Random,
+          finished: list[Chain]) -> list[Chain]:
     """One hop for every live chain; chains with no reliable neighbour go to `finished`."""
-    exp.expand([display_name(exp.graph, c[-1]) for c in chains if len(c) > 1])
+    exp.expand([display_name(exp.graph, c[-1][0]) for c in chains if len(c) > 1])
     grown = []
     for chain in chains:
-        cands = _candidates(exp.graph, chain)
+        cands = _candidates(exp, chain)
         if not cands:
             if len(chain) > 1:
                 finished.append(chain)
@@ -164,12 +185,10 @@ def _grow(exp: _Expander, chains: list[list[str]], branching: int, rand: random.
     return grown
 
 
-def _to_path(graph: nx.Graph, chain: list[str], target: str) -> EvidencePath:
-    """Chain [target, e_k-1, …, e0] (built backwards) → path e0 → … → target."""
-    order = chain[::-1]
+def _to_path(graph: nx.Graph, chain: Chain, target: str) -> EvidencePath:
+    """Chain [(target, None), (e_k-1, s), …, (e0, s)] (built backwards) → path e0 → … → target."""
     hops = []
-    for head, tail in zip(order, order[1:]):
-        sup = best_support(graph, head, tail)
+    for (tail, _), (head, sup) in zip(chain[::-1][1:], chain[::-1]):
         hops.append(Hop(head=display_name(graph, head), tail=display_name(graph, tail), sentence=sup.sentence,
                         passage_id=sup.passage_id, title=sup.title, score=sup.score, cue=sup.cue,
                         head_key=head, tail_key=tail, head_mention=sup.surface(head),
@@ -189,13 +208,14 @@ def build_evidence_paths(target: Any, retriever: Any, index: EntityIndex, max_ho
     max_hops, branching, retrieve_k = int(max_hops), max(int(branching), 1), int(retrieve_k)
     if max_hops < 1 or retrieve_k < 1:
         return []
-    rand = _as_random(rng)
-    exp = _Expander(retriever, index, retrieve_k)
+    rand = as_random(rng)
+    exp = _Expander(retriever, index, retrieve_k, target)
     exp.expand([target.strip()])
     start = resolve_node(exp.graph, target)
     if start is None:
         return []
-    chains, finished = [[start]], []
+    chains: list[Chain] = [[(start, None)]]
+    finished: list[Chain] = []
     for _ in range(max_hops):
         chains = _grow(exp, chains, branching, rand, finished)
         if not chains:
@@ -203,7 +223,7 @@ def build_evidence_paths(target: Any, retriever: Any, index: EntityIndex, max_ho
     paths, seen = [], set()
     for chain in finished + chains:
         path = _to_path(exp.graph, chain, target)
-        ident = tuple(chain)
+        ident = tuple(key for key, _ in chain)
         if ident not in seen and certify_path(path) is None:
             seen.add(ident)
             paths.append(path)

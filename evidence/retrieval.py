@@ -91,6 +91,7 @@ class BM25sRetriever:
     def __init__(self, corpus: Corpus, cache_dir: Optional[str] = None) -> None:
         import bm25s
 
+        logging.getLogger("bm25s").setLevel(logging.WARNING)  # bm25s sets DEBUG on import
         self.corpus = corpus
         t0 = time.perf_counter()
         path = _index_dir(corpus, self.backend, cache_dir)

@@ -41,6 +41,8 @@ LEADING_NOISE = frozenset({"the", "a", "an", "in", "on", "at", "for", "from", "b
 # entities on wiki_mini ("Harvard" → "Harvard Business School", "European Union" →
 # "Treaties of the European Union"), so it stays this narrow.
 FOLDABLE_SHORT = frozenset({"PERSON", "NP"})
+# Labels whose fuller forms of a multi-word title fold into it (leads spell out middle names).
+FOLD_FULL_FORMS = frozenset({"PERSON", "NP", "ORG"})
 MAX_CHARS = 100_000  # longer passages are annotated on their first MAX_CHARS characters
 # A DATE is a node only when it names a point in time (year, decade, day, month), not a duration.
 _DATE_OK = re.compile(r"\b\d{3,4}s?\b|\b\d{1,2}(?:st|nd|rd|th)\b|\b(?:jan|feb|mar|apr|may|jun|jul|aug|sep|oct|nov|dec)"
@@ -126,17 +128,41 @@ def _sentence_mentions(sent: Any, title_re: Optional[re.Pattern]) -> list[tuple[
             a, b = sent.start_char + m.start(), sent.start_char + m.end()
             if not any(x < b and a < y for x, y, _ in found):
                 found.append((a, b, "TITLE"))
-    return sorted(found)
+    return _merge_name_parts(sorted(found), sent.doc.text)
+
+
+def _merge_name_parts(found: list[tuple[int, int, str]], text: str) -> list[tuple[int, int, str]]:
+    """Join a capitalized run directly before a PERSON into it: NER often splits a first
+    name off ("Fritz" + "Jakob Haber")."""
+    merged: list[tuple[int, int, str]] = []
+    for a, b, lab in found:
+        if merged and lab == "PERSON" and merged[-1][2] == "NP" and not text[merged[-1][1]:a].strip():
+            merged[-1] = (merged[-1][0], b, "PERSON")
+        else:
+            merged.append((a, b, lab))
+    return merged
+
+
+def _is_subsequence(short: list[str], long_: list[str]) -> bool:
+    it = iter(long_)
+    return all(tok in it for tok in short)
 
 
 def _fold_keys(spans: list[tuple[int, int, str, str]], title: str) -> dict[str, str]:
-    """One-word key → the one multi-word PERSON key of this passage ending with that word."""
-    persons = {key for _, _, lab, key in spans if lab == "PERSON"}
+    """Alias keys of this passage → the key they stand for: a fuller form of the title
+    ("Fritz Jakob Haber" → "Fritz Haber"), then one-word surnames → the one multi-word
+    PERSON ending with that word ("Snow" → "Hank Snow")."""
     folded = {}
+    t_toks = title.split()
+    if len(t_toks) >= 2:
+        for key in {key for _, _, lab, key in spans if lab in FOLD_FULL_FORMS}:
+            if len(key.split()) > len(t_toks) and key.split()[0] == t_toks[0] and _is_subsequence(t_toks, key.split()):
+                folded[key] = title
+    persons = {folded.get(key, key) for _, _, lab, key in spans if lab == "PERSON"}
     # The passage's own title never folds away: it is the subject the passage is about.
     for key in {key for _, _, lab, key in spans if lab in FOLDABLE_SHORT and " " not in key} - {title}:
         hosts = {p for p in persons if p.endswith(" " + key)}
-        if len(hosts) == 1:  # ambiguous surnames ("Obama" with two Obamas) stay as they are
+        if len(hosts) == 1 and key not in folded:  # ambiguous surnames (two Obamas) stay as they are
             folded[key] = hosts.pop()
     return folded
 

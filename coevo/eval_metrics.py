@@ -1,0 +1,197 @@
+"""Metrics of `python -m coevo.eval`: per-question records, per-dataset aggregation, tables.
+
+Everything here is a pure function of the prediction records, so a result file can be
+re-aggregated after loading (`aggregate(result["predictions"], K, mode)` gives back its
+`metrics`). Answer scores always come from `solver.scoring` (SPEC §5.4: the one
+implementation) applied to the record's `prediction` and `answers`.
+
+Per dataset (keys of `metrics[<dataset>]`):
+- `n`, `em`, `f1`, `cover_em` (means over questions; a format failure scores 0),
+  `format_failure` (share of questions without a well-formed answer),
+  `mean_searches` and `search_hist` ({"0": count, "1": count, …});
+- when the questions carry `gold_ids` and the mode retrieves: `recall@K` (share of a
+  question's gold passages among the passages the solver was shown, over all its
+  searches, averaged over questions), `ranker_calls`, `hit@k` for k in {1, 3, 5} capped at
+  K (share of searches whose top-k shown passages hold a gold passage) and
+  `ranker_format_failure` (share of searches whose ranker output was malformed and fell
+  back to first-stage order).
+
+`average` is the macro average over datasets (each dataset weighs the same, as in the
+Search-R1 / CoSearch tables) of every number a dataset has; its `n` and `search_hist`
+are pooled totals and `datasets` counts the datasets.
+"""
+from __future__ import annotations
+
+from typing import Any, Optional, Sequence
+
+from solver.reward import hit_at_k, hit_cutoffs
+from solver.scoring import cover_em, exact_match, f1
+
+ROUND = 4  # digits kept in metrics (predictions keep full precision)
+TABLE_SCORES = ("em", "f1", "cover_em")  # shown x100 in tables
+
+
+def score_answer(prediction: str, answers: Sequence[str]) -> dict[str, float]:
+    """EM, token F1 and cover-EM of one prediction against its gold aliases."""
+    return {"em": exact_match(prediction, answers), "f1": f1(prediction, answers),
+            "cover_em": cover_em(prediction, answers)}
+
+
+def search_record(query: str, candidate_ids: Sequence[str], shown_ids: Sequence[str], observed: bool,
+                  ranker_ok: bool) -> dict[str, Any]:
+    """One search of one question as stored in its prediction record."""
+    return {"query": query, "candidate_ids": list(candidate_ids), "shown_ids": list(shown_ids),
+            "observed": observed, "ranker_ok": ranker_ok}
+
+
+def prediction_record(qid: str, dataset: str, question: str, answers: Sequence[str], prediction: str,
+                      format_ok: bool, end_reason: str, output: str, searches: list[dict[str, Any]],
+                      gold_ids: Optional[Sequence[str]] = None) -> dict[str, Any]:
+    """The per-question entry of `predictions`; `searches` holds `search_record`s.
+
+    `searches` (the count) is the number of searches made: valid tool calls in agent mode,
+    the one retrieval in rag mode, 0 in direct mode.
+    """
+    record = {"id": qid, "dataset": dataset, "question": question, "answers": list(answers),
+              "prediction": prediction, **score_answer(prediction, answers), "searches": len(searches),
+              "format_ok": format_ok, "end_reason": end_reason, "retrievals": searches, "output": output}
+    if gold_ids:
+        record["gold_ids"] = list(gold_ids)
+    return record
+
+
+def _mean(values: Sequence[float]) -> Optional[float]:
+    return round(sum(values) / len(values), ROUND) if values else None
+
+
+def _retrieval_metrics(records: Sequence[dict[str, Any]], top_k: int) -> dict[str, Any]:
+    """recall@K, Hit@k and ranker format failures over the questions that have gold ids."""
+    labelled = [r for r in records if r.get("gold_ids")]
+    if not labelled:
+        return {}
+    recalls, calls = [], []
+    for rec in labelled:
+        gold = set(rec["gold_ids"])
+        shown = {pid for s in rec["retrievals"] if s["observed"] for pid in s["shown_ids"]}
+        recalls.append(len(gold & shown) / len(gold))
+        calls += [([pid in gold for pid in s["shown_ids"]], s["ranker_ok"]) for s in rec["retrievals"]]
+    out: dict[str, Any] = {f"recall@{top_k}": _mean(recalls), "ranker_calls": len(calls)}
+    for k in hit_cutoffs(top_k):
+        out[f"hit@{k}"] = _mean([hit_at_k(relevant, k) for relevant, _ in calls])
+    out["ranker_format_failure"] = _mean([float(not ok) for _, ok in calls])
+    return out
+
+
+def dataset_metrics(records: Sequence[dict[str, Any]], top_k: int, retrieves: bool) -> dict[str, Any]:
+    """Metrics of one dataset's records (see the module docstring for the keys)."""
+    scores = [score_answer(r["prediction"], r["answers"]) for r in records]
+    hist: dict[str, int] = {}
+    for r in records:
+        hist[str(r["searches"])] = hist.get(str(r["searches"]), 0) + 1
+    out: dict[str, Any] = {"n": len(records)}
+    for key in TABLE_SCORES:
+        out[key] = _mean([s[key] for s in scores])
+    out["format_failure"] = _mean([float(not r["format_ok"]) for r in records])
+    out["mean_searches"] = _mean([float(r["searches"]) for r in records])
+    out["search_hist"] = dict(sorted(hist.items(), key=lambda kv: int(kv[0])))
+    if retrieves:
+        out.update(_retrieval_metrics(records, top_k))
+    return out
+
+
+def macro_average(per_dataset: dict[str, dict[str, Any]]) -> dict[str, Any]:
+    """Unweighted mean over datasets of every number; pooled `n` and `search_hist`."""
+    hist: dict[str, int] = {}
+    keys: list[str] = []
+    for m in per_dataset.values():
+        keys += [k for k in m if k not in keys]
+        for s, c in m["search_hist"].items():
+            hist[s] = hist.get(s, 0) + c
+    out: dict[str, Any] = {"n": sum(m["n"] for m in per_dataset.values()), "datasets": len(per_dataset)}
+    for key in keys:
+        if key in ("n", "search_hist", "ranker_calls"):
+            continue
+        # A dataset without a number (e.g. no gold ids) is left out of that number's mean.
+        out[key] = _mean([m[key] for m in per_dataset.values() if m.get(key) is not None])
+    if any("ranker_calls" in m for m in per_dataset.values()):
+        out["ranker_calls"] = sum(m.get("ranker_calls", 0) for m in per_dataset.values())
+    out["search_hist"] = dict(sorted(hist.items(), key=lambda kv: int(kv[0])))
+    return out
+
+
+def aggregate(records: Sequence[dict[str, Any]], top_k: Optional[int], mode: str) -> dict[str, Any]:
+    """`metrics` of a result: one entry per dataset (first-appearance order) plus `average`.
+
+    `top_k` is K (the stamp's `K`; None in direct mode, which retrieves nothing).
+    """
+    retrieves = mode != "direct" and top_k is not None
+    by_dataset: dict[str, list[dict[str, Any]]] = {}
+    for r in records:
+        by_dataset.setdefault(r["dataset"], []).append(r)
+    per_dataset = {name: dataset_metrics(recs, top_k or 0, retrieves) for name, recs in by_dataset.items()}
+    if not per_dataset:
+        return {"average": {"n": 0, "datasets": 0}}
+    return {**per_dataset, "average": macro_average(per_dataset)}
+
+
+# ---- terminal tables ------------------------------------------------------------------------
+
+def _cell(key: str, value: Any) -> str:
+    if value is None:
+        return "-"
+    if key in TABLE_SCORES:
+        return f"{100 * value:.1f}"
+    if isinstance(value, float):
+        return f"{value:.2f}" if key == "mean_searches" else f"{value:.3f}"
+    return str(value)
+
+
+def _columns(metrics: dict[str, Any]) -> list[str]:
+    cols = ["n", *TABLE_SCORES, "mean_searches", "format_failure"]
+    extra = [k for k in metrics.get("average", {}) if k.startswith(("recall@", "hit@"))]
+    return cols + extra
+
+
+def _render(header: list[str], rows: list[list[str]]) -> str:
+    widths = [max(len(row[i]) for row in [header, *rows]) for i in range(len(header))]
+    fmt = lambda row: "  ".join(c.ljust(w) if i == 0 else c.rjust(w)  # noqa: E731
+                                for i, (c, w) in enumerate(zip(row, widths)))
+    rule = "-" * len(fmt(header))
+    return "\n".join([fmt(header), rule, *[fmt(r) for r in rows[:-1]], rule, fmt(rows[-1])])
+
+
+def format_table(metrics: dict[str, Any], title: str = "") -> str:
+    """One row per dataset and a final `average` row; EM/F1/cover-EM shown x100."""
+    cols = _columns(metrics)
+    names = [d for d in metrics if d != "average"] + ["average"]
+    rows = [[name] + [_cell(c, metrics[name].get(c)) for c in cols] for name in names]
+    head = ["dataset", *[c.replace("mean_searches", "searches").replace("format_failure", "fmt_fail")
+                         for c in cols]]
+    table = _render(head, rows)
+    return f"{title}\n{table}" if title else table
+
+
+def _delta(key: str, a: Any, b: Any) -> str:
+    if a is None or b is None:
+        return "-"
+    d = (b - a) * (100 if key in TABLE_SCORES else 1)
+    return f"{d:+.1f}" if key in TABLE_SCORES else f"{d:+.2f}"
+
+
+def format_compare(a: dict[str, Any], b: dict[str, Any], keys: Sequence[str] = ("em", "f1", "cover_em",
+                                                                                "mean_searches")) -> str:
+    """Two results side by side: per dataset and metric, A, B and the delta B - A."""
+    ma, mb = a["metrics"], b["metrics"]
+    names = [d for d in ma if d != "average"] + [d for d in mb if d != "average" and d not in ma] + ["average"]
+    rows = []
+    for name in names:
+        da, db = ma.get(name, {}), mb.get(name, {})
+        row = [name, f"{da.get('n', '-')}/{db.get('n', '-')}"]
+        for key in keys:
+            row += [_cell(key, da.get(key)), _cell(key, db.get(key)), _delta(key, da.get(key), db.get(key))]
+        rows.append(row)
+    head = ["dataset", "n A/B"]
+    for key in keys:
+        short = key.replace("mean_searches", "searches")
+        head += [f"{short} A", f"{short} B", "delta"]
+    return _render(head, rows)

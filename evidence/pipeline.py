@@ -1,0 +1,68 @@
+"""Batch front end of the evidence stage, as the co-evolution loop's evidence actor uses it.
+
+    pipe = EvidencePipeline.from_config(corpus, retriever, cfg.evidence)
+    verdicts = pipe.validate_targets(targets, reference_questions)   # SPEC §3.2
+    paths = pipe.build_paths(targets, rng=seed)                       # SPEC §3.3
+    checks = pipe.validate_questions(questions, targets, first_paths) # SPEC §3.4
+"""
+from __future__ import annotations
+
+from typing import Any, Optional, Sequence
+
+from coevo.config import EvidenceConfig
+from evidence.corpus import Corpus
+from evidence.entities import EntityIndex, build_entity_index
+from evidence.paths import EvidencePath, as_random, build_evidence_paths
+from evidence.validate import Verdict, check_target_form, support_verdict, validate_question
+
+
+class EvidencePipeline:
+    """Target validation, path building and question validation with one config."""
+
+    def __init__(self, corpus: Corpus, retriever: Any, index: EntityIndex, cfg: Optional[EvidenceConfig] = None,
+                 max_target_chars: int = 80) -> None:
+        self.corpus, self.retriever, self.index = corpus, retriever, index
+        self.cfg = cfg if cfg is not None else EvidenceConfig()
+        self.max_target_chars = max_target_chars  # proposer.max_target_chars lives in ProposerConfig
+
+    @classmethod
+    def from_config(cls, corpus: Corpus, retriever: Any, cfg: Optional[EvidenceConfig] = None,
+                    max_target_chars: int = 80, cache_dir: Optional[str] = None) -> "EvidencePipeline":
+        """Build (or load from the disk cache) the entity index named by `cfg.spacy_model`."""
+        cfg = cfg if cfg is not None else EvidenceConfig()
+        index = build_entity_index(corpus, spacy_model=cfg.spacy_model, cache_dir=cache_dir)
+        return cls(corpus, retriever, index, cfg, max_target_chars)
+
+    def validate_targets(self, targets: Sequence[Any],
+                         reference_questions: Optional[Sequence[Any]] = None) -> list[Verdict]:
+        """One verdict per target; retrieval for all surviving targets runs as one batch."""
+        refs = list(reference_questions) if reference_questions is not None else [None] * len(targets)
+        refs += [None] * (len(targets) - len(refs))
+        verdicts: list[Optional[Verdict]] = [None] * len(targets)
+        labels: dict[int, str] = {}
+        for i, (target, ref) in enumerate(zip(targets, refs)):
+            rejection, label = check_target_form(target, self.index, ref, self.max_target_chars)
+            if rejection is None:
+                labels[i] = label
+            else:
+                verdicts[i] = rejection
+        live = sorted(labels)
+        results = self.retriever.search([targets[i].strip() for i in live], self.cfg.retrieve_k) if live else []
+        for i, hits in zip(live, results):
+            verdicts[i] = support_verdict(targets[i], hits, self.index, labels[i])
+        return [v for v in verdicts if v is not None]
+
+    def build_paths(self, targets: Sequence[Any], rng: Any = None) -> list[list[EvidencePath]]:
+        """Certified paths per target. Each target gets its own seed drawn from `rng` in order,
+        so a batch is reproducible under one seed."""
+        rand = as_random(rng)
+        seeds = [rand.randrange(2**63) for _ in targets]
+        return [build_evidence_paths(t, self.retriever, self.index, max_hops=self.cfg.max_hops,
+                                     branching=self.cfg.branching, rng=seed, retrieve_k=self.cfg.retrieve_k)
+                for t, seed in zip(targets, seeds)]
+
+    def validate_questions(self, questions: Sequence[Any], targets: Sequence[Any],
+                           paths: Sequence[Any]) -> list[Verdict]:
+        """One verdict per (question, target, path) triple; `paths` items may be dicts."""
+        return [validate_question(q, t, p, self.cfg.max_question_chars)
+                for q, t, p in zip(questions, targets, paths)]

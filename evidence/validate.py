@@ -1,0 +1,193 @@
+"""Deterministic validation of proposed targets (SPEC §3.2) and questions (SPEC §3.4).
+
+No LLM is involved. Every function returns a `Verdict` for any input (never raises on
+odd strings): `ok`, a reason code, the evidence behind it and a human-readable detail.
+
+Target reason codes, checked in this order: `empty`, `too_long`, `copies_reference`,
+`not_entity`, `no_corpus_support`, `ok`.
+Question reason codes, in order: `empty`, `not_question`, `too_short`, `too_long`,
+`multiple_questions`, `no_evidence`, `leaks_target`, `leaks_target_token`, `ok`.
+"""
+from __future__ import annotations
+
+import re
+from dataclasses import asdict, dataclass
+from typing import Any, Optional
+
+from bm25s.stopwords import STOPWORDS_EN
+
+from evidence.entities import ALLOWED_LABELS, EntityIndex, normalize_entity, strip_disambiguator, title_key
+from evidence.paths import EvidencePath
+from solver.scoring import contains_answer, normalize_answer, token_f1
+
+COPY_F1 = 0.8  # a target this token-similar to the reference question is a copy of it
+ENTITY_COVERAGE = 0.6  # the entity-like span must cover this share of the target's tokens
+MIN_QUESTION_WORDS = 4
+_WORD = re.compile(r"\w+", re.UNICODE)
+_QMARKS = ("?", "？")
+# Head words shared by many names: seeing "university" in a question does not give away
+# "University of Oxford". Tokens in this list (or stopwords, or 1-2 letters) are not distinctive.
+GENERIC_TOKENS = frozenset("""
+university college school institute academy museum library hospital church cathedral temple
+river lake mountain mount sea ocean bay island islands valley park forest desert city town
+village county state province district region kingdom republic empire federation union
+national international united new north south east west northern southern eastern western
+central great grand old royal saint st san santa fort port company corporation inc ltd
+group party council ministry department association society league club team cup award
+prize festival battle war treaty act street road bridge tower house palace castle station
+airport film album song band series show book novel king queen prince princess emperor
+president general sir lord lady jr sr ii iii iv first second third
+""".split())
+
+
+@dataclass(frozen=True)
+class Verdict:
+    """Outcome of one validation: `reason` is `ok` exactly when `ok` is True."""
+
+    ok: bool
+    reason: str
+    evidence: tuple[str, ...] = ()  # passage ids (targets, questions) supporting the verdict
+    detail: str = ""  # what triggered it: entity label, leaked text, certification reason
+
+    def to_dict(self) -> dict[str, Any]:
+        d = asdict(self)
+        d["evidence"] = list(self.evidence)
+        return d
+
+
+def _reject(reason: str, detail: str = "", evidence: tuple[str, ...] = ()) -> Verdict:
+    return Verdict(False, reason, evidence, detail)
+
+
+def _clean(text: Any) -> str:
+    return text.strip() if isinstance(text, str) else ""
+
+
+def _index_label(target: str, index: EntityIndex) -> Optional[str]:
+    """Label of the target as the corpus knows it (an indexed entity or a passage title)."""
+    label = index.entity_label(target)
+    if label in ALLOWED_LABELS:
+        return label
+    return "TITLE" if index.passage_for_title(target) is not None else None
+
+
+def _spacy_label(target: str, index: EntityIndex) -> Optional[str]:
+    """Label of an allowed-type span spaCy finds covering most of the target, else None."""
+    n_tokens = len(normalize_entity(target).split())
+    for m in index.annotate_text(target):
+        if m.label in ALLOWED_LABELS and len(m.key.split()) >= ENTITY_COVERAGE * n_tokens:
+            return m.label
+    return None
+
+
+def check_target_form(target: Any, index: EntityIndex, reference_question: Any = None,
+                      max_chars: int = 80) -> tuple[Optional[Verdict], str]:
+    """The checks before retrieval: (rejection or None, entity label when accepted so far)."""
+    text = _clean(target)
+    if not normalize_answer(text):
+        return _reject("empty"), ""
+    if len(text) > max_chars:
+        return _reject("too_long", f"{len(text)} > {max_chars} characters"), ""
+    ref = normalize_answer(_clean(reference_question))
+    norm = normalize_answer(text)
+    if ref and (norm == ref or (len(ref.split()) >= 3 and ref in norm) or token_f1(norm, ref) >= COPY_F1):
+        return _reject("copies_reference"), ""
+    label = _index_label(text, index) or _spacy_label(text, index)
+    if label is None:
+        return _reject("not_entity", "no entity-like span of an allowed type"), ""
+    return None, label
+
+
+def support_verdict(target: Any, hits: list[Any], index: EntityIndex, label: str = "") -> Verdict:
+    """Answer-side support: a retrieved passage contains the normalized target or is titled by it."""
+    text = _clean(target)
+    norm = normalize_answer(text)
+    support = []
+    for hit in hits:
+        pid = getattr(hit, "passage_id", hit)
+        if pid not in index.corpus:
+            continue
+        passage = index.corpus[pid]
+        if normalize_answer(strip_disambiguator(passage.title)) == norm or contains_answer(passage.text, text):
+            support.append(pid)
+    if not support:
+        return _reject("no_corpus_support", f"none of {len(hits)} retrieved passages contains it")
+    return Verdict(True, "ok", tuple(support), label)
+
+
+def validate_target(target: Any, retriever: Any, index: EntityIndex, reference_question: Any = None,
+                    max_chars: int = 80, k: int = 5) -> Verdict:
+    """SPEC §3.2: parse/length/copy checks, entity-like span, then answer-side retrieval support."""
+    rejection, label = check_target_form(target, index, reference_question, max_chars)
+    if rejection is not None:
+        return rejection
+    hits = retriever.search([_clean(target)], k)[0] if k > 0 else []
+    return support_verdict(target, hits, index, label)
+
+
+def _hops(path: Any) -> list[Any]:
+    if isinstance(path, dict):
+        try:
+            path = EvidencePath.from_dict(path)
+        except (TypeError, ValueError, AttributeError):
+            return []
+    hops = getattr(path, "hops", None)
+    return list(hops) if isinstance(hops, (list, tuple)) else []
+
+
+def _has_evidence(hops: list[Any]) -> bool:
+    return bool(hops) and all(isinstance(getattr(h, "sentence", None), str) and h.sentence.strip()
+                              and isinstance(getattr(h, "passage_id", None), str) and h.passage_id for h in hops)
+
+
+def distinctive_tokens(target: Any, other_entities: list[str] = ()) -> list[str]:
+    """Tokens of a multi-token target that would give it away: not stopwords, not generic
+    head words, not 1-2 letters (digits excepted), and not part of another path entity
+    the question may legitimately name."""
+    tokens = normalize_entity(target).split()
+    if len(tokens) < 2:
+        return []
+    shared = {t for e in other_entities for t in normalize_entity(e).split()}
+    return [t for t in dict.fromkeys(tokens)
+            if t not in STOPWORDS_EN and t not in GENERIC_TOKENS and t not in shared
+            and (len(t) >= 3 or any(ch.isdigit() for ch in t))]
+
+
+def _leak(question: str, target: str) -> Optional[str]:
+    """A normalized form of the target found in the question on token boundaries."""
+    for norm in (normalize_answer, normalize_entity, title_key):
+        form = norm(target)
+        if form and f" {form} " in f" {norm(question)} ":
+            return form
+    return None
+
+
+def validate_question(question: Any, target: Any, path: Any, max_chars: int = 300) -> Verdict:
+    """SPEC §3.4 static checks: form, evidence present, no leakage of the target."""
+    text = _clean(question)
+    if not text:
+        return _reject("empty")
+    if not text.endswith(_QMARKS):
+        return _reject("not_question", "does not end with '?'")
+    n_words = len(_WORD.findall(text))
+    if n_words < MIN_QUESTION_WORDS:
+        return _reject("too_short", f"{n_words} < {MIN_QUESTION_WORDS} words")
+    if len(text) > max_chars:
+        return _reject("too_long", f"{len(text)} > {max_chars} characters")
+    if sum(text.count(q) for q in _QMARKS) > 1:
+        return _reject("multiple_questions")
+    hops = _hops(path)
+    if not _has_evidence(hops):
+        return _reject("no_evidence", "the evidence path has no hop with a sentence and passage id")
+    evidence = tuple(dict.fromkeys(h.passage_id for h in hops))
+    target_text = _clean(target)
+    leaked = _leak(text, target_text) if target_text else None
+    if leaked:
+        return _reject("leaks_target", leaked, evidence)
+    # The heads e0 … e_k-1 are the entities a question may name; the last tail is the target.
+    others = [e for e in (getattr(h, "head", "") for h in hops) if isinstance(e, str)]
+    q_tokens = set(normalize_entity(text).split())
+    for token in distinctive_tokens(target_text, others):
+        if token in q_tokens:
+            return _reject("leaks_target_token", token, evidence)
+    return Verdict(True, "ok", evidence)

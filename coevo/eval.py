@@ -19,19 +19,19 @@ Modes (generation is greedy unless `greedy=false`):
 Model output is untrusted. In every mode the prediction is the content of a well-formed
 `<answer>` action as `solver.agent.parse_action` reads it (the same strict rule the agent's
 reward uses); anything else (no tags, unclosed tags, text after the answer, a search in
-direct/rag mode) is a format failure and scores with an empty prediction (0). The raw
-output stays in each record's `output` so it can be audited or re-scored.
+direct/rag mode) is a format failure. With `untagged=empty` (default) a format failure
+predicts "" and scores 0; with `untagged=raw` it predicts the text of the model's last
+turn with the action tags removed (lenient, for models that ignore the tag format; the
+failure still counts in `format_failure`). The raw output stays in each record's `output`
+so it can be audited or re-scored.
 """
 from __future__ import annotations
 
 import dataclasses
-import hashlib
 import json
-import subprocess
 import sys
 import time
-from dataclasses import dataclass, field, fields, is_dataclass
-from datetime import datetime, timezone
+from dataclasses import dataclass, fields, is_dataclass
 from pathlib import Path
 from typing import Any, Optional, Sequence, Union, get_args, get_origin, get_type_hints
 
@@ -40,13 +40,14 @@ from omegaconf import DictConfig, OmegaConf
 
 from coevo.config import CONFIG_DIR, CoevoConfig, compose, register_schema, validate_config
 from coevo.engine import SamplingParams
-from coevo.eval_metrics import aggregate, format_compare, format_table, prediction_record, search_record
+from coevo.eval_metrics import (aggregate, compare_files, extract_answer, format_table, make_stamp,
+                                prediction_record, result_title, search_record, untagged_text)
 from coevo.io import atomic_write_text
-from solver.agent import ANSWER_STOP, Episode, Task, parse_action, run_episodes
+from solver.agent import ANSWER_STOP, Episode, Task, run_episodes
 from solver.ranker import RankerCall, SearchRequest, SearchTool, format_documents, strip_eos
 
 MODES = ("direct", "rag", "agent")
-RESULT_KEYS = ("stamp", "metrics", "predictions")
+UNTAGGED = ("empty", "raw")
 
 SINGLE_TURN_SYSTEM = (
     "You answer questions{context}. You may first reason inside <think> and </think>. Then write the "
@@ -63,8 +64,9 @@ class EvalRootConfig(CoevoConfig):
     mode: str = "agent"  # direct | rag | agent
     out: str = "runs/eval/${mode}-${now:%Y%m%d-%H%M%S}.json"  # result JSON (written atomically)
     limit: Optional[int] = None  # first `limit` questions of EACH dataset (None: all)
-    batch_size: int = 16  # questions per generate call (agent: episodes advanced in lockstep)
+    batch_size: int = 16  # prompts per generate call (direct/rag: length-sorted; agent: episodes in lockstep)
     greedy: bool = True  # temperature 0; false samples with the solver's temperature/top_p and `seed`
+    untagged: str = "empty"  # a format failure predicts: empty ("", scores 0) | raw (its text, tags removed)
 
 
 def register_eval_schema() -> None:
@@ -114,6 +116,8 @@ def validate_eval(cfg: EvalRootConfig) -> None:
     validate_config(cfg)
     if cfg.mode not in MODES:
         raise ValueError(f"config key mode={cfg.mode!r} is not valid; expected one of {list(MODES)}")
+    if cfg.untagged not in UNTAGGED:
+        raise ValueError(f"config key untagged={cfg.untagged!r} is not valid; expected one of {list(UNTAGGED)}")
     if cfg.batch_size < 1:
         raise ValueError(f"config key batch_size={cfg.batch_size} must be >= 1")
     if cfg.limit is not None and cfg.limit < 1:
@@ -197,15 +201,6 @@ def load_questions(path: str | Path, limit: Optional[int] = None) -> list[EvalQu
     return questions
 
 
-def file_sha256(path: str | Path) -> str:
-    """sha256 of a file's bytes (the data-file stamp)."""
-    h = hashlib.sha256()
-    with open(path, "rb") as f:
-        for block in iter(lambda: f.read(1 << 20), b""):
-            h.update(block)
-    return h.hexdigest()
-
-
 # ---- the stack and the three modes ----------------------------------------------------------
 
 @dataclass
@@ -251,39 +246,52 @@ def single_turn_messages(question: str, documents: Optional[Sequence[Any]] = Non
             {"role": "user", "content": user}]
 
 
-def extract_answer(text: str) -> tuple[str, str]:
-    """(prediction, end reason) of a single-turn output; never raises (see the module docstring)."""
-    action = parse_action(text)
-    if action.kind == "answer":
-        return action.content, "answer"
-    if action.kind == "search":
-        return "", "search_without_tool"
-    return "", action.reason
-
-
 def _search_of(call: RankerCall, observed: bool) -> dict[str, Any]:
     return search_record(call.sub_query, call.candidate_ids, call.chosen_ids, observed, call.format_ok)
 
 
-def run_single_turn(batch: Sequence[EvalQuestion], stack: EvalStack, mode: str,
-                    sampling: SamplingParams) -> list[dict[str, Any]]:
-    """direct / rag on one batch: (one batched search,) one batched generate call, records."""
-    documents: list[Optional[list[Any]]] = [None] * len(batch)
-    searches: list[list[dict[str, Any]]] = [[] for _ in batch]
+def _progress(mode: str, done: int, total: int, t0: float) -> None:
+    print(f"[eval {mode}] {done}/{total} questions, {time.perf_counter() - t0:.0f}s", file=sys.stderr, flush=True)
+
+
+def _single_turn_prompts(questions: Sequence[EvalQuestion], stack: EvalStack, mode: str,
+                         batch_size: int) -> tuple[list[list[int]], list[list[dict[str, Any]]]]:
+    """Prompt ids and search records of direct (no search) or rag (one batched search per batch)."""
+    documents: list[Optional[list[Any]]] = [None] * len(questions)
+    searches: list[list[dict[str, Any]]] = [[] for _ in questions]
     if mode == "rag":
         assert stack.tool is not None
-        requests = [SearchRequest(q.task.question, q.task.question, q.task.answers, q.task.evidence_ids,
-                                  q.task.id, 0, 0) for q in batch]
-        for i, result in enumerate(stack.tool.search(requests)):
-            documents[i], searches[i] = list(result.passages), [_search_of(result.call, observed=True)]
+        for start in range(0, len(questions), batch_size):
+            requests = [SearchRequest(q.task.question, q.task.question, q.task.answers, q.task.evidence_ids,
+                                      q.task.id, 0, 0) for q in questions[start:start + batch_size]]
+            for i, result in enumerate(stack.tool.search(requests), start):
+                documents[i], searches[i] = list(result.passages), [_search_of(result.call, observed=True)]
     prompts = [stack.solver.chat_prompt_ids(single_turn_messages(q.task.question, docs))
-               for q, docs in zip(batch, documents)]
+               for q, docs in zip(questions, documents)]
+    return prompts, searches
+
+
+def run_single_turn(questions: Sequence[EvalQuestion], stack: EvalStack, mode: str, sampling: SamplingParams,
+                    batch_size: int, untagged: str = "empty") -> list[dict[str, Any]]:
+    """direct / rag: prompts for all questions, then generation in batches of similar prompt length.
+
+    Batches are cut from the length-sorted prompts because a batch is padded to its longest
+    prompt, and one long rag passage would otherwise multiply the prefill cost of a whole
+    batch. Greedy output does not depend on the batch, so this changes no prediction.
+    """
+    prompts, searches = _single_turn_prompts(questions, stack, mode, batch_size)
     params = dataclasses.replace(sampling, stop=[ANSWER_STOP], n=1)
-    outputs = stack.solver.generate(prompts, params)
+    order = sorted(range(len(prompts)), key=lambda i: len(prompts[i]))
+    texts = [""] * len(prompts)
+    t0 = time.perf_counter()
+    for start in range(0, len(order), batch_size):
+        chunk = order[start:start + batch_size]
+        for i, completions in zip(chunk, stack.solver.generate([prompts[i] for i in chunk], params)):
+            texts[i] = completions[0].text
+        _progress(mode, min(start + batch_size, len(order)), len(order), t0)
     records = []
-    for q, completions, search in zip(batch, outputs, searches):
-        text = completions[0].text
-        prediction, reason = extract_answer(strip_eos(text, stack.solver.tokenizer))
+    for q, text, search in zip(questions, texts, searches):
+        prediction, reason = extract_answer(strip_eos(text, stack.solver.tokenizer), untagged)
         records.append(prediction_record(q.task.id, q.dataset, q.task.question, q.task.answers, prediction,
                                           reason == "answer", reason, text, search, q.task.evidence_ids))
     return records
@@ -300,8 +308,16 @@ def _observed(ep: Episode, index: int) -> bool:
     return not (last and ep.end_reason == "token_budget" and call.turn == ep.n_turns - 1)
 
 
-def run_agent(batch: Sequence[EvalQuestion], stack: EvalStack, solver_cfg: Any,
-              sampling: SamplingParams) -> list[dict[str, Any]]:
+def last_turn_text(ep: Episode, tokenizer: Any) -> str:
+    """Decoded text of the episode's last generated turn ("" when an observation ends it)."""
+    start = len(ep.loss_mask)
+    while start > ep.prompt_len and ep.loss_mask[start - 1] == 1:
+        start -= 1
+    return tokenizer.decode(ep.token_ids[start:], skip_special_tokens=True)
+
+
+def run_agent(batch: Sequence[EvalQuestion], stack: EvalStack, solver_cfg: Any, sampling: SamplingParams,
+              untagged: str = "empty") -> list[dict[str, Any]]:
     """One multi-turn episode per question (lockstep over the batch); records."""
     assert stack.tool is not None
     episodes = run_episodes(stack.solver, [q.task for q in batch], stack.tool, solver_cfg, sampling=sampling,
@@ -311,67 +327,27 @@ def run_agent(batch: Sequence[EvalQuestion], stack: EvalStack, solver_cfg: Any,
         searches = [_search_of(call, _observed(ep, i)) for i, call in enumerate(ep.ranker_calls)]
         transcript = stack.solver.tokenizer.decode(ep.token_ids[ep.prompt_len:])
         prediction = ep.answer if ep.format_ok and ep.answer else ""
+        if not ep.format_ok and untagged == "raw":
+            prediction = untagged_text(last_turn_text(ep, stack.solver.tokenizer))
         records.append(prediction_record(q.task.id, q.dataset, q.task.question, q.task.answers, prediction,
                                           ep.format_ok, ep.end_reason, transcript, searches, q.task.evidence_ids))
     return records
 
 
 def predict(questions: Sequence[EvalQuestion], stack: EvalStack, cfg: EvalRootConfig) -> list[dict[str, Any]]:
-    """Prediction records of all questions in `cfg.mode`, `cfg.batch_size` at a time (progress on stderr)."""
+    """Prediction records of all questions in `cfg.mode`, in file order (progress on stderr)."""
     sampling = stack.solver.sampling_from_config(greedy=cfg.greedy, seed=cfg.seed)
+    if cfg.mode != "agent":
+        return run_single_turn(questions, stack, cfg.mode, sampling, cfg.batch_size, cfg.untagged)
     records: list[dict[str, Any]] = []
     t0 = time.perf_counter()
     for start in range(0, len(questions), cfg.batch_size):
-        batch = questions[start:start + cfg.batch_size]
-        if cfg.mode == "agent":
-            records += run_agent(batch, stack, cfg.solver, sampling)
-        else:
-            records += run_single_turn(batch, stack, cfg.mode, sampling)
-        print(f"[eval {cfg.mode}] {len(records)}/{len(questions)} questions, {time.perf_counter() - t0:.0f}s",
-              file=sys.stderr, flush=True)
+        records += run_agent(questions[start:start + cfg.batch_size], stack, cfg.solver, sampling, cfg.untagged)
+        _progress(cfg.mode, len(records), len(questions), t0)
     return records
 
 
 # ---- stamp, result file, entry points -------------------------------------------------------
-
-def _git(*args: str) -> Optional[str]:
-    try:
-        proc = subprocess.run(["git", *args], cwd=Path(__file__).resolve().parent, capture_output=True,
-                              text=True, timeout=30)
-    except (OSError, subprocess.SubprocessError):
-        return None
-    return proc.stdout.strip() if proc.returncode == 0 else None
-
-
-def make_stamp(cfg: EvalRootConfig, stack: EvalStack, n_questions: int, duration_s: float) -> dict[str, Any]:
-    """Everything a number depends on: models, corpus, retriever, N, K, data hash, code, decoding."""
-    retrieves = cfg.mode != "direct"
-    ranker_model = retrieves and cfg.ranker.mode in ("trainable", "frozen")
-    shared = ranker_model and cfg.ranker.share_backbone
-    commit, status = _git("rev-parse", "HEAD"), _git("status", "--porcelain", "--untracked-files=no")
-    return {
-        "mode": cfg.mode, "ranker_mode": cfg.ranker.mode if retrieves else None,
-        "solver_preset": cfg.solver.preset, "solver_model": cfg.solver.model,
-        "solver_checkpoint": cfg.solver.checkpoint,
-        "ranker_preset": cfg.ranker.preset if ranker_model else None,
-        "ranker_model": ("shared with solver" if shared else cfg.ranker.model) if ranker_model else None,
-        "ranker_checkpoint": cfg.ranker.checkpoint if ranker_model and not shared else None,
-        "corpus": stack.corpus.name if retrieves else None,
-        "corpus_hash": stack.corpus.content_hash if retrieves else None,
-        "corpus_passages": len(stack.corpus) if retrieves else None,
-        "retriever": cfg.retrieval.backend if retrieves else None,
-        "N": cfg.ranker.n_candidates if retrieves else None, "K": cfg.ranker.top_k if retrieves else None,
-        "data": str(Path(cfg.data).resolve()), "data_sha256": file_sha256(cfg.data),
-        "questions": n_questions, "limit": cfg.limit, "batch_size": cfg.batch_size,
-        "greedy": cfg.greedy, "temperature": 0.0 if cfg.greedy else cfg.solver.temperature,
-        "max_new_tokens": cfg.solver.max_new_tokens, "seed": cfg.seed,
-        "max_searches": cfg.solver.max_searches if cfg.mode == "agent" else None,
-        "max_turns": cfg.solver.max_turns if cfg.mode == "agent" else None,
-        "git_commit": commit, "git_dirty": None if commit is None or status is None else bool(status),
-        "timestamp": datetime.now(timezone.utc).isoformat(timespec="seconds"),
-        "duration_s": round(duration_s, 1),
-    }
-
 
 def run_eval(cfg: EvalRootConfig, stack: Optional[EvalStack] = None) -> dict[str, Any]:
     """Load (unless given a stack), predict, aggregate, stamp, write `cfg.out`; the result dict."""
@@ -379,44 +355,10 @@ def run_eval(cfg: EvalRootConfig, stack: Optional[EvalStack] = None) -> dict[str
     questions = load_questions(cfg.data, cfg.limit)
     stack = stack or build_eval_stack(cfg)
     records = predict(questions, stack, cfg)
-    stamp = make_stamp(cfg, stack, len(records), time.perf_counter() - t0)
+    stamp = make_stamp(cfg, stack.corpus, len(records), time.perf_counter() - t0)
     result = {"stamp": stamp, "metrics": aggregate(records, stamp["K"], cfg.mode), "predictions": records}
     atomic_write_text(cfg.out, json.dumps(result, indent=1, ensure_ascii=False) + "\n")
     return result
-
-
-def load_result(path: str | Path) -> dict[str, Any]:
-    """A result file written by `run_eval`; fails naming the file when it is not one."""
-    with open(path, encoding="utf-8") as f:
-        result = json.load(f)
-    missing = [k for k in RESULT_KEYS if not isinstance(result, dict) or k not in result]
-    if missing:
-        raise ValueError(f"{path} is not a coevo.eval result: missing keys {missing}")
-    return result
-
-
-def result_title(result: dict[str, Any], label: str = "") -> str:
-    """One line naming what a result measured (mode, models, corpus, data)."""
-    s = result["stamp"]
-    ranker = f" ranker={s['ranker_mode']}" + (f"({s['ranker_model']})" if s.get("ranker_model") else "")
-    ckpt = f" ckpt={s['solver_checkpoint']}" if s.get("solver_checkpoint") else ""
-    corpus = f" corpus={s['corpus']} N={s['N']} K={s['K']}" if s.get("corpus") else ""
-    return (f"{label}mode={s['mode']} solver={s['solver_model']}{ckpt}{ranker if s['mode'] != 'direct' else ''}"
-            f"{corpus} data={Path(s['data']).name}@{s['data_sha256'][:12]} (scores x100)")
-
-
-def compare_files(path_a: str | Path, path_b: str | Path) -> str:
-    """`--compare`: both stamps, the stamp keys that differ, per-dataset metrics and deltas B - A."""
-    a, b = load_result(path_a), load_result(path_b)
-    lines = [result_title(a, f"A {path_a}: "), result_title(b, f"B {path_b}: ")]
-    skip = {"timestamp", "duration_s"}
-    diffs = [f"{k}: {a['stamp'].get(k)} -> {b['stamp'].get(k)}" for k in dict.fromkeys([*a["stamp"], *b["stamp"]])
-             if k not in skip and a["stamp"].get(k) != b["stamp"].get(k)]
-    if diffs:
-        lines.append("stamps differ in " + "; ".join(diffs))
-    if a["stamp"]["data_sha256"] != b["stamp"]["data_sha256"]:
-        lines.append("WARNING: different data files, so the questions (and n) may differ")
-    return "\n".join(lines + [format_compare(a, b)])
 
 
 register_eval_schema()

@@ -1,4 +1,5 @@
-"""Metrics of `python -m coevo.eval`: per-question records, per-dataset aggregation, tables.
+"""Scoring side of `python -m coevo.eval`: answer extraction, per-question records,
+per-dataset aggregation, terminal tables, result files and their comparison.
 
 Everything here is a pure function of the prediction records, so a result file can be
 re-aggregated after loading (`aggregate(result["predictions"], K, mode)` gives back its
@@ -6,7 +7,8 @@ re-aggregated after loading (`aggregate(result["predictions"], K, mode)` gives b
 implementation) applied to the record's `prediction` and `answers`.
 
 Per dataset (keys of `metrics[<dataset>]`):
-- `n`, `em`, `f1`, `cover_em` (means over questions; a format failure scores 0),
+- `n`, `em`, `f1`, `cover_em` (means over questions of the record's `prediction`, which
+  is "" for a format failure unless the run used `untagged=raw`),
   `format_failure` (share of questions without a well-formed answer),
   `mean_searches` and `search_hist` ({"0": count, "1": count, …});
 - when the questions carry `gold_ids` and the mode retrieves: `recall@K` (share of a
@@ -22,13 +24,36 @@ are pooled totals and `datasets` counts the datasets.
 """
 from __future__ import annotations
 
+import hashlib
+import json
+import re
+import subprocess
+from datetime import datetime, timezone
+from pathlib import Path
 from typing import Any, Optional, Sequence
 
+from solver.agent import parse_action
 from solver.reward import hit_at_k, hit_cutoffs
 from solver.scoring import cover_em, exact_match, f1
 
 ROUND = 4  # digits kept in metrics (predictions keep full precision)
 TABLE_SCORES = ("em", "f1", "cover_em")  # shown x100 in tables
+RESULT_KEYS = ("stamp", "metrics", "predictions")
+_ACTION_TAG = re.compile(r"</?(?:think|search|answer|information)>")
+
+
+def untagged_text(text: str) -> str:
+    """An output's text with the action tags removed and whitespace collapsed (`untagged=raw`)."""
+    return " ".join(_ACTION_TAG.sub(" ", text if isinstance(text, str) else "").split())
+
+
+def extract_answer(text: str, untagged: str = "empty") -> tuple[str, str]:
+    """(prediction, end reason) of a single-turn output; never raises (see the module docstring)."""
+    action = parse_action(text)
+    if action.kind == "answer":
+        return action.content, "answer"
+    fallback = untagged_text(text) if untagged == "raw" else ""
+    return fallback, "search_without_tool" if action.kind == "search" else action.reason
 
 
 def score_answer(prediction: str, answers: Sequence[str]) -> dict[str, float]:
@@ -61,7 +86,12 @@ def prediction_record(qid: str, dataset: str, question: str, answers: Sequence[s
 
 
 def _mean(values: Sequence[float]) -> Optional[float]:
-    return round(sum(values) / len(values), ROUND) if values else None
+    # Unrounded: the macro average must not average already-rounded dataset numbers.
+    return sum(values) / len(values) if values else None
+
+
+def _rounded(metrics: dict[str, Any]) -> dict[str, Any]:
+    return {k: round(v, ROUND) if isinstance(v, float) else v for k, v in metrics.items()}
 
 
 def _retrieval_metrics(records: Sequence[dict[str, Any]], top_k: int) -> dict[str, Any]:
@@ -131,7 +161,8 @@ def aggregate(records: Sequence[dict[str, Any]], top_k: Optional[int], mode: str
     per_dataset = {name: dataset_metrics(recs, top_k or 0, retrieves) for name, recs in by_dataset.items()}
     if not per_dataset:
         return {"average": {"n": 0, "datasets": 0}}
-    return {**per_dataset, "average": macro_average(per_dataset)}
+    average = macro_average(per_dataset)
+    return {**{name: _rounded(m) for name, m in per_dataset.items()}, "average": _rounded(average)}
 
 
 # ---- terminal tables ------------------------------------------------------------------------
@@ -195,3 +226,94 @@ def format_compare(a: dict[str, Any], b: dict[str, Any], keys: Sequence[str] = (
         short = key.replace("mean_searches", "searches")
         head += [f"{short} A", f"{short} B", "delta"]
     return _render(head, rows)
+
+
+# ---- result files ----------------------------------------------------------------------------
+
+def file_sha256(path: str | Path) -> str:
+    """sha256 of a file's bytes (the data-file stamp)."""
+    h = hashlib.sha256()
+    with open(path, "rb") as f:
+        for block in iter(lambda: f.read(1 << 20), b""):
+            h.update(block)
+    return h.hexdigest()
+
+
+def _git(*args: str) -> Optional[str]:
+    try:
+        proc = subprocess.run(["git", *args], cwd=Path(__file__).resolve().parent, capture_output=True,
+                              text=True, timeout=30)
+    except (OSError, subprocess.SubprocessError):
+        return None
+    return proc.stdout.strip() if proc.returncode == 0 else None
+
+
+def make_stamp(cfg: Any, corpus: Any, n_questions: int, duration_s: float) -> dict[str, Any]:
+    """Everything a number depends on: models, corpus, retriever, N, K, data hash, code, decoding.
+
+    `cfg` is a coevo.eval.EvalRootConfig; `corpus` the searched Corpus (None in direct mode).
+    """
+    retrieves = cfg.mode != "direct"
+    ranker_model = retrieves and cfg.ranker.mode in ("trainable", "frozen")
+    shared = ranker_model and cfg.ranker.share_backbone
+    searched = corpus if retrieves else None
+    commit, status = _git("rev-parse", "HEAD"), _git("status", "--porcelain", "--untracked-files=no")
+    return {
+        "mode": cfg.mode, "ranker_mode": cfg.ranker.mode if retrieves else None,
+        "solver_preset": cfg.solver.preset, "solver_model": cfg.solver.model,
+        "solver_checkpoint": cfg.solver.checkpoint,
+        "ranker_preset": cfg.ranker.preset if ranker_model else None,
+        "ranker_model": ("shared with solver" if shared else cfg.ranker.model) if ranker_model else None,
+        "ranker_checkpoint": cfg.ranker.checkpoint if ranker_model and not shared else None,
+        "corpus": searched.name if searched is not None else None,
+        "corpus_hash": searched.content_hash if searched is not None else None,
+        "corpus_source": searched.source if searched is not None else None,
+        "corpus_passages": len(searched) if searched is not None else None,
+        "retriever": cfg.retrieval.backend if retrieves else None,
+        "N": cfg.ranker.n_candidates if retrieves else None, "K": cfg.ranker.top_k if retrieves else None,
+        "data": str(Path(cfg.data).resolve()), "data_sha256": file_sha256(cfg.data),
+        "questions": n_questions, "limit": cfg.limit, "batch_size": cfg.batch_size,
+        "untagged": cfg.untagged, "greedy": cfg.greedy,
+        "temperature": 0.0 if cfg.greedy else cfg.solver.temperature,
+        "max_new_tokens": cfg.solver.max_new_tokens, "seed": cfg.seed,
+        "max_searches": cfg.solver.max_searches if cfg.mode == "agent" else None,
+        "max_turns": cfg.solver.max_turns if cfg.mode == "agent" else None,
+        "git_commit": commit, "git_dirty": None if commit is None or status is None else bool(status),
+        "timestamp": datetime.now(timezone.utc).isoformat(timespec="seconds"),
+        "duration_s": round(duration_s, 1),
+    }
+
+
+def load_result(path: str | Path) -> dict[str, Any]:
+    """A result file written by `run_eval`; fails naming the file when it is not one."""
+    with open(path, encoding="utf-8") as f:
+        result = json.load(f)
+    missing = [k for k in RESULT_KEYS if not isinstance(result, dict) or k not in result]
+    if missing:
+        raise ValueError(f"{path} is not a coevo.eval result: missing keys {missing}")
+    return result
+
+
+def result_title(result: dict[str, Any], label: str = "") -> str:
+    """One line naming what a result measured (mode, models, corpus, data)."""
+    s = result["stamp"]
+    ranker = f" ranker={s['ranker_mode']}" + (f"({s['ranker_model']})" if s.get("ranker_model") else "")
+    ckpt = f" ckpt={s['solver_checkpoint']}" if s.get("solver_checkpoint") else ""
+    corpus = f" corpus={s['corpus']} N={s['N']} K={s['K']}" if s.get("corpus") else ""
+    lenient = " untagged=raw" if s.get("untagged") == "raw" else ""
+    return (f"{label}mode={s['mode']} solver={s['solver_model']}{ckpt}{ranker if s['mode'] != 'direct' else ''}"
+            f"{corpus} data={Path(s['data']).name}@{s['data_sha256'][:12]}{lenient} (scores x100)")
+
+
+def compare_files(path_a: str | Path, path_b: str | Path) -> str:
+    """`--compare`: both stamps, the stamp keys that differ, per-dataset metrics and deltas B - A."""
+    a, b = load_result(path_a), load_result(path_b)
+    lines = [result_title(a, f"A {path_a}: "), result_title(b, f"B {path_b}: ")]
+    skip = {"timestamp", "duration_s"}
+    diffs = [f"{k}: {a['stamp'].get(k)} -> {b['stamp'].get(k)}" for k in dict.fromkeys([*a["stamp"], *b["stamp"]])
+             if k not in skip and a["stamp"].get(k) != b["stamp"].get(k)]
+    if diffs:
+        lines.append("stamps differ in " + "; ".join(diffs))
+    if a["stamp"]["data_sha256"] != b["stamp"]["data_sha256"]:
+        lines.append("WARNING: different data files, so the questions (and n) may differ")
+    return "\n".join(lines + [format_compare(a, b)])

@@ -84,7 +84,12 @@ def load_tasks(path: str | Path, limit: Optional[int] = None) -> list[Task]:
         for line_no, line in enumerate(f, 1):
             if not line.strip():
                 continue
-            rec = json.loads(line)
+            try:
+                rec = json.loads(line)
+            except json.JSONDecodeError as e:
+                raise ValueError(f"{path}:{line_no}: malformed JSON ({e.msg})") from None
+            if not isinstance(rec, dict):
+                raise ValueError(f"{path}:{line_no}: expected a JSON object")
             answers = rec.get("answers") or ([rec["answer"]] if "answer" in rec else [])
             if not rec.get("question") or not answers:
                 raise ValueError(f"{path}:{line_no}: a labelled question needs 'question' and 'answers'")
@@ -223,7 +228,11 @@ def rollout_metrics(episodes: list[Episode], groups: list[list[RankerCall]], top
 
 def update_policies(stack: SolveStack, cfg: SolveRootConfig, solver_batch: list[TrainSequence],
                     ranker_batch: list[TrainSequence]) -> dict[str, Any]:
-    """One GRPO update per trainable policy; a shared backbone gets both batches in one update."""
+    """One GRPO update per trainable policy; a shared backbone gets both batches in one update.
+
+    Ranker modes frozen/none/oracle never train ranker calls; with `share_backbone` and a
+    frozen ranker the shared weights still move with the solver's updates.
+    """
     ranker_trains = cfg.ranker.mode == "trainable"
     if ranker_trains and cfg.ranker.share_backbone:
         return {"solver_update": _update(stack.solver, solver_batch + ranker_batch)}

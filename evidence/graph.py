@@ -12,6 +12,11 @@ supporting sentence as a `Support` with its cue:
 - `co_mention` otherwise.
 
 Edges rank by (cue, support count, best retrieval score): `edge_rank`.
+
+Mentions come from the entity index (NER spans of the allowed types, numeric values,
+title-cased phrases, passage titles, sentence-opening pronouns standing for the passage
+topic). `anchors` add text matches of given names (the path builder anchors its target,
+so "tennis player" counts as a mention of the target "Tennis").
 """
 from __future__ import annotations
 
@@ -23,11 +28,14 @@ from typing import Any, Iterable, Optional
 
 import networkx as nx
 
-from evidence.entities import EntityIndex, Mention, normalize_entity, strip_disambiguator, title_key
+from evidence.entities import TOPIC_PRONOUNS, EntityIndex, Mention, normalize_entity, strip_disambiguator, title_key
 
 RELATION, CO_MENTION = "relation", "co_mention"
 CUE_RANK = {RELATION: 1, CO_MENTION: 0}
 MAX_GAP_WORDS = 8
+MAX_GAP_CHARS = 160  # no gap this long has only MAX_GAP_WORDS words in practice
+MAX_PAIRED_MENTIONS, TABLE_WINDOW = 24, 6
+MEMO_PASSAGES = 50_000  # sentence-pair memo size (passages) before it is reset
 _WORD = re.compile(r"\w+", re.UNICODE)
 # Apposition / parenthetical: "Hank Snow, the Singing Ranger", "Tennessee (Cherokee: ...)".
 _APPOSITION = re.compile(r"^\s*(?:,\s*(?:a|an|the)\s|\()", re.IGNORECASE)
@@ -37,14 +45,18 @@ _POSSESSIVE_OR_OF = re.compile(r"^\s*['’]s?\b|\bof\b", re.IGNORECASE)
 
 @dataclass(frozen=True)
 class Support:
-    """One sentence supporting an edge; `ends` are (key, surface) of both mentions in it."""
+    """One sentence supporting an edge; `ends` are (key, surface) of both mentions in it.
+
+    Supports are memoized per passage and shared by every graph that holds the passage, so
+    they carry no retrieval score: a graph keeps the score of each of its passages in
+    `graph.graph["passages"]` (see `support_score`).
+    """
 
     passage_id: str
     title: str
     sentence_index: int
     sentence: str
     cue: str
-    score: float
     ends: tuple[tuple[str, str], tuple[str, str]]
 
     def surface(self, key: str) -> str:
@@ -57,6 +69,8 @@ def lexical_cue(text: str, a: Mention, b: Mention, linkers: Iterable[int] = ()) 
     first, second = (a, b) if a.start <= b.start else (b, a)
     if first.end > second.start:
         return CO_MENTION  # overlapping spans: nothing lies between them
+    if second.start - first.end > MAX_GAP_CHARS:  # cheap pre-check: surely too many words
+        return CO_MENTION
     gap = text[first.end:second.start]
     if len(_WORD.findall(gap)) > MAX_GAP_WORDS:
         return CO_MENTION
@@ -94,26 +108,59 @@ def _add_node(graph: nx.Graph, m: Mention, passage_id: str) -> None:
     attrs["passages"].add(passage_id)
 
 
-def _add_sentence(graph: nx.Graph, ann: Any, sent: Any, score: float) -> None:
+Pair = tuple[str, str, Support]  # (key u, key v, the sentence supporting their edge)
+
+
+def sentence_pairs(ann: Any, sent: Any) -> tuple[Pair, ...]:
+    """Entity pairs of one sentence with their support (cue: best over repeated mentions).
+
+    Tables and long lists flattened into one "sentence" hold dozens of entities; pairing
+    all of them costs O(n²) and says nothing, so there each entity pairs with its neighbours.
+    """
     by_key: dict[str, list[Mention]] = {}
     for m in sent.mentions:
-        _add_node(graph, m, ann.passage_id)
         by_key.setdefault(m.key, []).append(m)
     keys = list(by_key)
+    window = len(keys) if len(keys) <= MAX_PAIRED_MENTIONS else TABLE_WINDOW
+    pairs = []
     for i, u in enumerate(keys):
-        for v in keys[i + 1:]:
-            cue = max((lexical_cue(ann.text, x, y, sent.linkers) for x in by_key[u] for y in by_key[v]),
-                      key=CUE_RANK.__getitem__)
-            sup = Support(ann.passage_id, ann.title, sent.index, sent.text, cue, score,
-                          ((u, by_key[u][0].text), (v, by_key[v][0].text)))
-            data = graph.get_edge_data(u, v)
-            if data is None:
-                graph.add_edge(u, v, supports=[sup], cue=cue, score=score)
-            else:
-                data["supports"].append(sup)
-                if CUE_RANK[cue] > CUE_RANK[data["cue"]]:
-                    data["cue"] = cue
-                data["score"] = max(data["score"], score)
+        for v in keys[i + 1:i + 1 + window]:
+            cue = CO_MENTION
+            for x in by_key[u]:
+                for y in by_key[v]:
+                    if lexical_cue(ann.text, x, y, sent.linkers) == RELATION:
+                        cue = RELATION
+                        break
+            ends = ((u, by_key[u][0].text), (v, by_key[v][0].text))
+            pairs.append((u, v, Support(ann.passage_id, ann.title, sent.index, sent.text, cue, ends)))
+    return tuple(pairs)
+
+
+def _passage_pairs(index: EntityIndex, ann: Any) -> list[tuple[Pair, ...]]:
+    # Memoized on the index: the same passages come back for many targets in one process.
+    memo = index.derived.setdefault("sentence_pairs", {})
+    pairs = memo.get(ann.passage_id)
+    if pairs is None:
+        if len(memo) >= MEMO_PASSAGES:
+            memo.clear()
+        pairs = memo[ann.passage_id] = [sentence_pairs(ann, sent) for sent in ann.sentences]
+    return pairs
+
+
+def _add_sentence(graph: nx.Graph, ann: Any, sent: Any, score: float, pairs: tuple[Pair, ...]) -> None:
+    for m in sent.mentions:
+        _add_node(graph, m, ann.passage_id)
+    adj = graph.adj
+    for u, v, sup in pairs:
+        data = adj[u].get(v)
+        if data is None:
+            graph.add_edge(u, v, supports=[sup], cue=sup.cue, score=score)
+        else:
+            data["supports"].append(sup)
+            if sup.cue == RELATION:
+                data["cue"] = RELATION
+            if score > data["score"]:
+                data["score"] = score
 
 
 def anchor_pattern(name: Any) -> Optional[re.Pattern]:
@@ -148,7 +195,7 @@ def add_passages(graph: nx.Graph, passages: Any, index: EntityIndex, anchors: It
     """
     seen = graph.graph.setdefault("passages", {})
     patterns = graph.graph.setdefault("anchors", {})
-    for name in anchors:
+    for name in [anchors] if isinstance(anchors, str) else anchors or ():
         pattern, key = anchor_pattern(name), title_key(name)
         if pattern is not None and key not in patterns:
             patterns[key] = pattern
@@ -161,8 +208,11 @@ def add_passages(graph: nx.Graph, passages: Any, index: EntityIndex, anchors: It
         if ann is None:
             continue
         seen[pid] = score
-        for sent in ann.sentences:
-            _add_sentence(graph, ann, _anchored(sent, anchor_list) if anchor_list else sent, score)
+        for sent, pairs in zip(ann.sentences, _passage_pairs(index, ann)):
+            anchored = _anchored(sent, anchor_list) if anchor_list else sent
+            if anchored is not sent:
+                pairs = sentence_pairs(ann, anchored)
+            _add_sentence(graph, ann, anchored, score, pairs)
     return graph
 
 
@@ -180,9 +230,15 @@ def edge_rank(graph: nx.Graph, u: str, v: str) -> tuple[int, int, float]:
 def best_support(graph: nx.Graph, u: str, v: str, exclude: Iterable[tuple[str, int]] = ()) -> Optional[Support]:
     """The edge's strongest sentence (best cue, then retrieval score, then corpus position),
     skipping (passage id, sentence index) pairs in `exclude`; None when none is left."""
-    used = set(exclude)
+    used, scores = set(exclude), graph.graph.get("passages", {})
     sups = [s for s in graph.edges[u, v]["supports"] if (s.passage_id, s.sentence_index) not in used]
-    return min(sups, key=lambda s: (-CUE_RANK[s.cue], -s.score, s.passage_id, s.sentence_index), default=None)
+    return min(sups, key=lambda s: (-CUE_RANK[s.cue], -scores.get(s.passage_id, 0.0), s.passage_id,
+                                    s.sentence_index), default=None)
+
+
+def support_score(graph: nx.Graph, support: Support) -> float:
+    """Retrieval score of the support's passage in this graph (its best retrieval)."""
+    return float(graph.graph.get("passages", {}).get(support.passage_id, 0.0))
 
 
 def display_name(graph: nx.Graph, key: str) -> str:
@@ -190,7 +246,9 @@ def display_name(graph: nx.Graph, key: str) -> str:
     surfaces = graph.nodes[key]["surfaces"] if key in graph else None
     if not surfaces:
         return key
-    name = min(surfaces.items(), key=lambda kv: (-kv[1], kv[0]))[0]
+    # A topic pronoun ("It" for Warsaw) is a mention, never a name.
+    named = {s: c for s, c in surfaces.items() if s.lower() not in TOPIC_PRONOUNS} or surfaces
+    name = min(named.items(), key=lambda kv: (-kv[1], kv[0]))[0]
     return re.sub(r"^(?:the|a|an)\s+", "", name, flags=re.IGNORECASE).strip() or name
 
 

@@ -21,7 +21,7 @@ import networkx as nx
 
 from evidence.entities import TOPIC_PRONOUNS, VALUE_LABELS, EntityIndex, normalize_entity, title_key
 from evidence.graph import (Support, add_passages, best_support, display_name, edge_rank, node_label,
-                            resolve_node, same_entity)
+                            resolve_node, same_entity, support_score)
 
 SAMPLE_POOL = 6  # the extra branches are sampled among the next-best SAMPLE_POOL neighbours
 UNRELIABLE_LABELS = frozenset({"DATE", "NORP"}) | VALUE_LABELS  # years, numbers, nationalities
@@ -76,9 +76,17 @@ class EvidencePath:
 
     @classmethod
     def from_dict(cls, data: dict[str, Any]) -> "EvidencePath":
+        """Inverse of to_dict (extra keys ignored); ValueError names what is malformed."""
+        if not isinstance(data, dict) or not isinstance(data.get("hops", []), list):
+            raise ValueError(f"an evidence path is a dict with a list of hops, got {type(data).__name__}")
         names = Hop.__dataclass_fields__
-        hops = tuple(Hop(**{k: v for k, v in h.items() if k in names}) for h in data.get("hops", []))
-        return cls(target=str(data.get("target", "")), hops=hops)
+        hops = []
+        for i, h in enumerate(data.get("hops", [])):
+            try:
+                hops.append(Hop(**{k: v for k, v in h.items() if k in names}))
+            except (AttributeError, TypeError) as e:
+                raise ValueError(f"evidence path hop {i} is malformed ({e})") from None
+        return cls(target=str(data.get("target", "")), hops=tuple(hops))
 
 
 def _mentions(sentence: str, mention: str, key: str, title: str) -> bool:
@@ -97,11 +105,11 @@ def certify_path(path: Any) -> Optional[str]:
     `repeated_entity` or `discontinuous` (a hop's sentence does not mention both ends, or
     a hop does not start where the previous one ended)."""
     hops = getattr(path, "hops", None)
-    if not hops:
+    if not hops or not isinstance(hops, (list, tuple)):
         return "no_hops"
     for h in hops:
-        if not (isinstance(h.sentence, str) and h.sentence.strip() and isinstance(h.passage_id, str)
-                and h.passage_id):
+        if not (isinstance(h, Hop) and isinstance(h.sentence, str) and h.sentence.strip()
+                and isinstance(h.passage_id, str) and h.passage_id):
             return "missing_evidence"
     keys = [hops[0].head_key or normalize_entity(hops[0].head)]
     keys += [h.tail_key or normalize_entity(h.tail) for h in hops]
@@ -118,6 +126,7 @@ def certify_path(path: Any) -> Optional[str]:
 
 
 def as_random(rng: Any) -> random.Random:
+    """A `random.Random` from a seed, a Random (used as is), a numpy Generator or None (seed 0)."""
     if isinstance(rng, random.Random):
         return rng
     if isinstance(rng, int) and not isinstance(rng, bool):
@@ -190,7 +199,7 @@ def _to_path(graph: nx.Graph, chain: Chain, target: str) -> EvidencePath:
     hops = []
     for (tail, _), (head, sup) in zip(chain[::-1][1:], chain[::-1]):
         hops.append(Hop(head=display_name(graph, head), tail=display_name(graph, tail), sentence=sup.sentence,
-                        passage_id=sup.passage_id, title=sup.title, score=sup.score, cue=sup.cue,
+                        passage_id=sup.passage_id, title=sup.title, score=support_score(graph, sup), cue=sup.cue,
                         head_key=head, tail_key=tail, head_mention=sup.surface(head),
                         tail_mention=sup.surface(tail)))
     return EvidencePath(target=target, hops=tuple(hops))
@@ -198,7 +207,8 @@ def _to_path(graph: nx.Graph, chain: Chain, target: str) -> EvidencePath:
 
 def build_evidence_paths(target: Any, retriever: Any, index: EntityIndex, max_hops: int = 3, branching: int = 2,
                          rng: Any = None, retrieve_k: int = 5) -> list[EvidencePath]:
-    """Certified evidence paths ending at `target`, best (greedy) branch first.
+    """Certified evidence paths ending at `target`: longest first, and among paths of one
+    length the greedy branch (best-ranked neighbour at every hop) before sampled ones.
 
     `rng` is a seed, `random.Random` or numpy Generator (None: seed 0); the same seed,
     index and retriever give the same paths. Returns [] when nothing certifiable is found.
@@ -227,5 +237,4 @@ def build_evidence_paths(target: Any, retriever: Any, index: EntityIndex, max_ho
         if ident not in seen and certify_path(path) is None:
             seen.add(ident)
             paths.append(path)
-    # Longest first, then the order branches were grown in (greedy branch before sampled ones).
-    return sorted(paths, key=lambda p: -len(p))
+    return sorted(paths, key=lambda p: -len(p))  # stable: growth order kept within a length

@@ -82,7 +82,13 @@ def _spacy_label(target: str, index: EntityIndex) -> Optional[str]:
 
 def check_target_form(target: Any, index: EntityIndex, reference_question: Any = None,
                       max_chars: int = 80) -> tuple[Optional[Verdict], str]:
-    """The checks before retrieval: (rejection or None, entity label when accepted so far)."""
+    """The checks before retrieval: (rejection or None, entity label when accepted so far).
+
+    Entity-like means: the entity index (spaCy's analysis of the corpus) knows the target
+    under an allowed label or as a passage title, or spaCy run on the target itself finds
+    an allowed-type span (NER or title-cased noun phrase) covering most of it. The corpus
+    look-up comes first: it needs no spaCy call and recognizes lower-case names.
+    """
     text = _clean(target)
     if not normalize_answer(text):
         return _reject("empty"), ""
@@ -129,7 +135,7 @@ def _hops(path: Any) -> list[Any]:
     if isinstance(path, dict):
         try:
             path = EvidencePath.from_dict(path)
-        except (TypeError, ValueError, AttributeError):
+        except ValueError:
             return []
     hops = getattr(path, "hops", None)
     return list(hops) if isinstance(hops, (list, tuple)) else []

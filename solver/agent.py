@@ -92,6 +92,14 @@ class Episode:
         """f of SPEC §4.1: the episode ended with a well-formed answer."""
         return self.end_reason == "answer"
 
+    def summary(self) -> dict[str, Any]:
+        """JSON-ready record for the task dump (SPEC §6); token ids are left out."""
+        return {"task_id": self.task.id, "rollout_idx": self.rollout_idx, "answer": self.answer,
+                "format_ok": self.format_ok, "end_reason": self.end_reason, "n_searches": self.n_searches,
+                "sub_queries": self.sub_queries, "n_turns": self.n_turns, "n_generated": self.n_generated,
+                "correctness": self.correctness, "reward": self.reward,
+                "ranker_calls": [c.summary() for c in self.ranker_calls]}
+
 
 class SolverPolicy(Protocol):
     tokenizer: Any

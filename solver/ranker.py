@@ -70,6 +70,13 @@ class RankerCall:
         """True when the ranker policy wrote this call (so it can be trained on)."""
         return bool(self.completion_ids)
 
+    def summary(self) -> dict[str, Any]:
+        """JSON-ready record for the task dump (SPEC §6); token ids are left out."""
+        return {"sub_query": self.sub_query, "rollout_idx": self.rollout_idx, "turn": self.turn, "mode": self.mode,
+                "candidate_ids": self.candidate_ids, "chosen_ids": self.chosen_ids, "format_ok": self.format_ok,
+                "reason": self.reason, "i_ans": self.i_ans, "relevant": self.relevant, "r_rel": self.r_rel,
+                "reward": self.reward, "group_id": self.group_id, "text": self.text}
+
     def ranked_relevant(self) -> list[bool]:
         """Relevance of the returned documents, in returned order (input of Hit@k)."""
         label = dict(zip(self.candidate_ids, self.relevant))

@@ -31,7 +31,7 @@ PROMPTS = ["what is the capital", "Zürich", "<search>who wrote", "the search re
 
 
 def _build_model(out_dir: Path) -> Path:
-    """2-layer Llama (head size 32) with a byte-level BPE tokenizer trained here; never downloaded."""
+    """2-layer Llama (head size 32, tied embeddings as in SmolLM2) with a byte-level BPE tokenizer trained here."""
     from tokenizers import Tokenizer, decoders, models, pre_tokenizers, trainers
     from transformers import LlamaConfig, LlamaForCausalLM, PreTrainedTokenizerFast
 
@@ -46,14 +46,20 @@ def _build_model(out_dir: Path) -> Path:
     tok = PreTrainedTokenizerFast(tokenizer_object=tk, pad_token="<|pad|>", eos_token="<|im_end|>",
                                   bos_token="<|im_start|>")
     tok.chat_template = CHAT_TEMPLATE
-    config = LlamaConfig(vocab_size=len(tok), hidden_size=64, intermediate_size=128, num_hidden_layers=2,
-                         num_attention_heads=2, num_key_value_heads=1, max_position_embeddings=512,
+    config = LlamaConfig(vocab_size=len(tok), hidden_size=128, intermediate_size=256, num_hidden_layers=2,
+                         num_attention_heads=4, num_key_value_heads=2, max_position_embeddings=512,
                          pad_token_id=tok.pad_token_id, eos_token_id=tok.eos_token_id,
-                         bos_token_id=tok.bos_token_id, tie_word_embeddings=False)
+                         bos_token_id=tok.bos_token_id, tie_word_embeddings=True)
     torch.manual_seed(3)
     model = LlamaForCausalLM(config)
-    with torch.no_grad():  # a sharper random head makes greedy output vary between prompts
-        model.lm_head.weight.normal_(0.0, 0.5)
+    with torch.no_grad():
+        # A random tied model repeats its last token (each token scores itself highest). Large
+        # projections let the layers dominate the residual stream; a large final norm sharpens
+        # the next-token distribution (mean sampled log-prob about -3), so outputs vary.
+        for name, param in model.named_parameters():
+            if param.dim() == 2 and "embed" not in name:
+                param.normal_(0.0, 0.3)
+        model.model.norm.weight.fill_(20.0)
     model.save_pretrained(out_dir)
     tok.save_pretrained(out_dir)
     return out_dir
@@ -108,7 +114,7 @@ def test_greedy_matches_hf(engine, hf) -> None:  # noqa: ANN001
     assert len({tuple(c[0].token_ids) for c in ours}) > 1, "degenerate model: every prompt gives the same output"
     for a, b, p in zip(ours, ref, prompts):
         assert a[0].prompt_ids == p and a[0].text == b[0].text and a[0].finish_reason == b[0].finish_reason
-        assert a[0].logprobs == pytest.approx(b[0].logprobs, abs=1e-3)
+        assert a[0].logprobs == pytest.approx(b[0].logprobs, abs=1e-4)
     assert engine.generate(prompts[:1], SamplingParams(max_new_tokens=0))[0][0].token_ids == []
 
 
@@ -121,7 +127,7 @@ def test_sampled_logprobs_are_raw_model_logprobs(engine, hf) -> None:  # noqa: A
         with torch.no_grad():
             ref = sequence_token_logprobs(model, ids, torch.ones_like(ids))[0, len(comp.prompt_ids) - 1:]
         # Raw log-probs (before temperature/top-p), the quantity GRPO uses as old_logprobs.
-        assert torch.allclose(ref, torch.tensor(comp.logprobs), atol=1e-3)
+        assert torch.allclose(ref, torch.tensor(comp.logprobs), atol=1e-4)
 
 
 def test_n_samples_and_seed(engine, hf) -> None:  # noqa: ANN001

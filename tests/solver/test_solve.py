@@ -6,8 +6,8 @@ import pytest
 
 from coevo.config import RankerConfig, SolverConfig
 from coevo.solve import (SolveRootConfig, SolveStack, load_tasks, question_batches, register_solve_schema,
-                         solve_step, to_solve_object)
-from solver.agent import Task
+                         score_episodes, solve_step, to_solve_object)
+from solver.agent import Task, run_episodes
 from solver.ranker import Ranker, SearchTool
 
 CONFIG_DIR = str(Path(__file__).resolve().parents[2] / "configs")
@@ -75,6 +75,18 @@ def test_solve_step_rewards_groups_and_updates(trainable, overlap_retriever):
     assert sum(adv) == pytest.approx(0.0, abs=1e-5)
     for seq in ranker_batch + solver_batch:
         assert len(seq.input_ids) == len(seq.loss_mask) == len(seq.old_logprobs)
+
+
+
+def test_episode_summary_is_json_ready(trainable, overlap_retriever):
+    cfg = make_cfg()
+    stack = make_stack(cfg, trainable, overlap_retriever)
+    episodes = run_episodes(stack.solver, TASKS[:1], stack.tool, cfg.solver)
+    score_episodes(episodes, cfg)
+    record = json.loads(json.dumps(episodes[0].summary()))
+    assert record["answer"] == "Paris" and record["n_searches"] == 1 and record["reward"] == 1.0
+    (call,) = record["ranker_calls"]
+    assert call["group_id"] == "t1/ans1/0" and call["reward"] == 2.0 and call["chosen_ids"] == ["p0", "p3", "p2"]
 
 
 def test_shared_backbone_gets_one_update_with_both_batches(trainable, overlap_retriever):

@@ -1,0 +1,107 @@
+"""One co-evolution step with scripted policies: rewards, dump records and updates by hand."""
+from types import SimpleNamespace
+
+import pytest
+
+from coevo.config import compose, to_object
+from coevo.loop import coevolution_step
+
+
+class FakeEvidence:
+    """Targets named 'Atlantis' have no corpus support; every other target gets one 1-hop path."""
+
+    def validate_targets(self, targets, references):
+        return [{"ok": t != "Atlantis", "reason": "ok" if t != "Atlantis" else "no_corpus_support"} for t in targets]
+
+    def build_paths(self, targets, seed):
+        hop = {"head": "France", "tail": "Paris", "sentence": "Paris is the capital of France.",
+               "passage_id": "p0", "title": "Paris", "score": 1.0, "cue": "relation"}
+        return [[{"target": t, "hops": [hop], "evidence_ids": ["p0"]}] for t in targets]
+
+    def validate_questions(self, questions, targets, paths):
+        return [{"ok": t.lower() not in q.lower(), "reason": "ok" if t.lower() not in q.lower() else "leaks_target"}
+                for q, t in zip(questions, targets)]
+
+
+def _proposer_reply(prompt: str, occurrence: int) -> str:
+    if "Target answer" in prompt:
+        return "<question>Which city is the capital of France?</question>"
+    return ["<target>Paris</target>", "<target>Atlantis</target>"][occurrence % 2]
+
+
+def _solver_reply(prompt: str, occurrence: int) -> str:
+    if "<information>" in prompt:
+        return "<answer>Paris</answer>"
+    return "<search>capital of France</search>" if occurrence == 0 else "<answer>Lyon</answer>"
+
+
+def _ranker_reply(prompt: str, occurrence: int) -> str:
+    return "<reason>the first fits</reason><rerank>[1] > [2] > [3]</rerank>"
+
+
+class Recorder:
+    def __init__(self, policy):
+        self.policy, self.batches = policy, []
+        self.tokenizer, self.frozen = policy.tokenizer, False
+
+    def chat_prompt_ids(self, messages):
+        return self.policy.chat_prompt_ids(messages)
+
+    def generate(self, prompts, sampling):
+        return self.policy.generate(prompts, sampling)
+
+    def update(self, batch):
+        self.batches.append(batch)
+        return {"n_seqs": len(batch)}
+
+
+@pytest.fixture()
+def step_result(scripted_policy, overlap_retriever):
+    cfg = to_object(compose(["experiment=smoke", "proposer.group_size=2", "solver.group_size=2",
+                             "ranker.top_k=3", "ranker.n_candidates=4", "ranker.min_group_size=1"]))
+    proposer = Recorder(scripted_policy(_proposer_reply))
+    solver = Recorder(scripted_policy(_solver_reply))
+    ranker = Recorder(scripted_policy(_ranker_reply))
+    actors = SimpleNamespace(proposer=proposer, solver=solver, ranker=ranker, retrieval=overlap_retriever(),
+                             evidence=FakeEvidence(),
+                             trainable={"proposer": proposer, "solver": solver, "ranker": ranker})
+    records, metrics = coevolution_step(0, [(0, "who wrote hamlet")], actors, cfg, seed=1, progress=lambda s: None)
+    return records, metrics, actors
+
+
+def test_stage_verdicts_and_rewards(step_result):
+    records, metrics, _ = step_result
+    paris, atlantis = records
+    assert paris["accepted"] and paris["target"] == "Paris" and paris["evidence_path"]["evidence_ids"] == ["p0"]
+    assert atlantis["reason"] == "no_corpus_support" and atlantis["stage"] == "target"
+    # rollout 0 searches once then answers Paris (correct); rollout 1 answers Lyon (wrong)
+    assert [r["correct"] for r in paris["rollouts"]] == [1.0, 0.0]
+    assert [r["searches"] for r in paris["rollouts"]] == [1, 0]
+    assert [r["reward"] for r in paris["rollouts"]] == [1.0, 0.0]
+    assert paris["accuracy"] == 0.5 and paris["proposer_reward"] == 1.0  # 1 - |2*0.5 - 1|
+    assert atlantis["proposer_reward"] == -0.5 and atlantis["rollouts"] == []
+    assert metrics["acceptance"] == {"target": 0.5, "path": 0.5, "task": 0.5}
+    assert metrics["reasons"] == {"no_corpus_support": 1}
+
+
+def test_ranker_call_recorded_and_rewarded(step_result):
+    records, metrics, _ = step_result
+    call = records[0]["rollouts"][0]["ranker_calls"][0]
+    assert call["format_ok"] and call["candidates"][0] == "p0" and call["chosen"][0] == "p0"
+    # I_ans=1 (p0 contains "Paris"), r_rel = mean(Hit@1, Hit@3) = 1 > gamma -> r_rel + r_main = 2
+    assert call["i_ans"] and call["r_rel"] == 1.0 and call["reward"] == 2.0
+    assert metrics["ranker"]["calls"] == 1
+
+
+def test_updates_get_group_normalized_advantages(step_result):
+    _, metrics, actors = step_result
+    (prop_batch,) = actors.proposer.batches
+    # proposer group [1.0, -0.5]: unbiased std = 1.0607 -> advantages +-0.7071; call 1 + call 2 of Paris, call 1 of Atlantis
+    advs = sorted(round(s.advantage, 3) for s in prop_batch)
+    assert advs == [-0.707, 0.707, 0.707]
+    (solver_batch,) = actors.solver.batches
+    assert sorted(round(s.advantage, 3) for s in solver_batch) == [-0.707, 0.707]
+    for seq in solver_batch:
+        assert len(seq.input_ids) == len(seq.loss_mask) == len(seq.old_logprobs)
+    assert actors.ranker.batches == [] or all(len(b) == 0 for b in actors.ranker.batches)  # one-call group: zero variance
+    assert metrics["update"]["ranker"]["zero_var_groups"] == 1

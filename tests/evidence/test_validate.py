@@ -1,0 +1,116 @@
+"""Target validation (SPEC §3.2), static question validation (SPEC §3.4) and the batch pipeline."""
+from __future__ import annotations
+
+import pytest
+
+from coevo.config import EvidenceConfig
+from evidence.paths import EvidencePath, Hop
+from evidence.pipeline import EvidencePipeline
+from evidence.validate import Verdict, distinctive_tokens, validate_question, validate_target
+
+
+def _hop(head: str, tail: str, sentence: str, pid: str) -> Hop:
+    return Hop(head=head, tail=tail, sentence=sentence, passage_id=pid, title=head, score=1.0, cue="relation")
+
+
+PATH = EvidencePath("Tennessee", (
+    _hop("Hank Snow", "Nashville", "Hank Snow moved to Nashville in 1949.", "t1"),
+    _hop("Nashville", "Tennessee", "Nashville is the capital of Tennessee.", "t2"),
+))
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("target, reference, reason", [
+    ("", None, "empty"),
+    ("   ", None, "empty"),
+    ("?!…", None, "empty"),
+    ("the", None, "empty"),
+    (None, None, "empty"),
+    ("Hank Snow " * 9, None, "too_long"),
+    ("Who recorded Hello Love?", "who recorded hello love", "copies_reference"),
+    ("Hank Snow", "Hank Snow?", "copies_reference"),
+    ("was born in", None, "not_entity"),
+    ("quickly and slowly", "Who recorded Hello Love?", "not_entity"),
+    ("Barack Obama", None, "no_corpus_support"),
+    ("Hank Snow", "Who recorded Hello Love?", "ok"),
+    ("hank snow", None, "ok"),  # lower case: known to the entity index
+    ("Vienna", None, "ok"),
+])
+def test_validate_target_reasons(toy_retriever, toy_index, target, reference, reason):
+    verdict = validate_target(target, toy_retriever, toy_index, reference_question=reference)
+    assert verdict.reason == reason and verdict.ok == (reason == "ok")
+
+
+@pytest.mark.slow
+def test_target_support_evidence(toy_retriever, toy_index):
+    verdict = validate_target("Hank Snow", toy_retriever, toy_index)
+    assert set(verdict.evidence) == {"t0", "t1"} and verdict.detail == "PERSON"
+    assert validate_target("Nashville", toy_retriever, toy_index, max_chars=5).reason == "too_long"
+    assert validate_target("Nashville", toy_retriever, toy_index, k=0).reason == "no_corpus_support"
+    assert verdict.to_dict() == {"ok": True, "reason": "ok", "evidence": list(verdict.evidence), "detail": "PERSON"}
+
+
+@pytest.mark.parametrize("question, target, reason", [
+    ("", "Tennessee", "empty"),
+    (None, "Tennessee", "empty"),
+    ("Name the state of the city Hank Snow moved to.", "Tennessee", "not_question"),
+    ("Which state?", "Tennessee", "too_short"),
+    ("Which state " + "really " * 60 + "is it?", "Tennessee", "too_long"),
+    ("Where did Hank Snow move? Which state is it in?", "Tennessee", "multiple_questions"),
+    ("Which state is the city Hank Snow moved to in 1949 the capital of?", "Tennessee", "ok"),
+    # leakage: exact, case, article, punctuation
+    ("Is Nashville the capital of Tennessee or not?", "Tennessee", "leaks_target"),
+    ("Is Nashville the capital of TENNESSEE or not?", "tennessee", "leaks_target"),
+    ("Which band did the Beatles influence in Nashville?", "The Beatles", "leaks_target"),
+    ("Which band did Beatles' manager sign in 1962?", "the beatles", "leaks_target"),
+    # a distinctive token of a multi-token target
+    ("Which singer named Jennings recorded in Nashville?", "Waylon Jennings", "leaks_target_token"),
+    ("Which lab did Curie found in Warsaw in 1932?", "Marie Curie", "leaks_target_token"),
+    # generic head words and tokens of other path entities are not leaks
+    ("Which university did the author of the book attend?", "University of Oxford", "ok"),
+    ("Which team moved from Nashville to New York in 1903?", "New York Yankees", "leaks_target_token"),
+])
+def test_validate_question_reasons(question, target, reason):
+    verdict = validate_question(question, target, PATH)
+    assert verdict.reason == reason and verdict.ok == (reason == "ok")
+    if reason in ("ok", "leaks_target", "leaks_target_token"):
+        assert verdict.evidence == ("t1", "t2")
+
+
+def test_tokens_shared_with_path_entities_are_not_leaks():
+    path = EvidencePath("New York Yankees", (
+        _hop("New York City", "New York Yankees", "The New York Yankees play in New York City.", "p1"),))
+    question = "Which baseball team plays in New York City?"
+    assert validate_question(question, "New York Yankees", path).reason == "ok"
+    assert distinctive_tokens("New York Yankees", ["New York City"]) == ["yankees"]
+    assert distinctive_tokens("Paris", []) == []  # single-token targets: only the whole form counts
+    assert distinctive_tokens("University of Oxford") == ["oxford"]
+
+
+@pytest.mark.parametrize("path", [None, EvidencePath("x", ()), {"target": "x"}, {"hops": "junk"},
+                                  {"hops": [{"head": "a"}]}, "a string", 42,
+                                  EvidencePath("x", (_hop("a", "b", "", "p1"),))])
+def test_no_evidence(path):
+    assert validate_question("Which state is the city Hank Snow moved to in?", "Tennessee", path).reason \
+        == "no_evidence"
+
+
+def test_path_from_task_dump_dict():
+    assert validate_question("Which state is the city Hank Snow moved to in?", "Tennessee",
+                             PATH.to_dict()) == Verdict(True, "ok", ("t1", "t2"))
+
+
+@pytest.mark.slow
+def test_pipeline_batches(toy_corpus, toy_retriever, toy_index):
+    pipe = EvidencePipeline(toy_corpus, toy_retriever, toy_index, EvidenceConfig())
+    targets = ["Tennessee", "", "Barack Obama", "Hank Snow", 7]
+    verdicts = pipe.validate_targets(targets, ["Who sang Hello Love?"] * 2)
+    assert [v.reason for v in verdicts] == ["ok", "empty", "no_corpus_support", "ok", "empty"]
+    assert verdicts == [validate_target(t, toy_retriever, toy_index, r)
+                        for t, r in zip(targets, ["Who sang Hello Love?"] * 2 + [None] * 3)]
+    paths = pipe.build_paths(["Tennessee", "Atlantis", "Marie Curie"], rng=5)
+    assert paths == pipe.build_paths(["Tennessee", "Atlantis", "Marie Curie"], rng=5)
+    assert len(paths[0]) == 1 and paths[1] == [] and paths[2]
+    checks = pipe.validate_questions(["Which state is the city Hank Snow moved to in?", "Tennessee?"],
+                                     ["Tennessee", "Tennessee"], [paths[0][0], paths[0][0].to_dict()])
+    assert [c.reason for c in checks] == ["ok", "too_short"]

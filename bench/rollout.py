@@ -34,6 +34,8 @@ from coevo.models import load_model_and_tokenizer
 from coevo.policy import Policy
 from solver.agent import solver_messages
 
+# vLLM logs to stdout by default; this script's stdout is one JSON line (engine processes inherit it).
+os.environ.setdefault("VLLM_LOGGING_STREAM", "ext://sys.stderr")
 DEFAULT_QUESTIONS = Path(os.environ.get("COEVO_SHARED_DATA", "../shared/data")) / "wiki_mini" / "questions_dev.jsonl"
 
 

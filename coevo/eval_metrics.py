@@ -267,7 +267,7 @@ def make_stamp(cfg: Any, corpus: Any, n_questions: int, duration_s: float) -> di
         "ranker_checkpoint": cfg.ranker.checkpoint if ranker_model and not shared else None,
         "corpus": searched.name if searched is not None else None,
         "corpus_hash": searched.content_hash if searched is not None else None,
-        "corpus_source": searched.source if searched is not None else None,
+        "corpus_source": str(Path(searched.source).resolve()) if searched is not None and searched.source else None,
         "corpus_passages": len(searched) if searched is not None else None,
         "retriever": cfg.retrieval.backend if retrieves else None,
         "N": cfg.ranker.n_candidates if retrieves else None, "K": cfg.ranker.top_k if retrieves else None,

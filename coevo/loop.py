@@ -60,8 +60,9 @@ def coevolution_step(step: int, references: list[tuple[int, str]], actors: Any, 
     metrics = {**step_metrics(cands, episodes, groups, cfg.ranker.top_k), "update": updates,
                "time_s": timer.seconds}
     task_of = {id(c): t for t, c in tasks.items()}
+    decode = actors.solver.tokenizer.decode  # the dump shows what the solver wrote and read
     records = [candidate_record(c, task_of.get(id(c)), [ep for ep in episodes if ep.task_id == task_of.get(id(c))],
-                                timer.seconds) for c in cands]
+                                timer.seconds, decode) for c in cands]
     return records, metrics
 
 

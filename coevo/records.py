@@ -3,7 +3,7 @@ from __future__ import annotations
 
 from collections import Counter
 from statistics import mean
-from typing import Any, Optional, Sequence
+from typing import Any, Callable, Optional, Sequence
 
 from solver.reward import hit_at_k
 
@@ -14,24 +14,26 @@ def ranker_call_record(call: Any) -> dict:
             "r_rel": call.r_rel, "reward": call.reward, "group_id": call.group_id, "output": call.text}
 
 
-def rollout_record(ep: Any) -> dict:
-    return {"rollout": ep.rollout_idx, "answer": ep.answer, "format_ok": ep.format_ok, "end_reason": ep.end_reason,
+def rollout_record(ep: Any, decode: Optional[Callable[[list[int]], str]] = None) -> dict:
+    transcript = decode(ep.token_ids[ep.prompt_len:]) if decode else None
+    return {"rollout": ep.rollout_idx, "transcript": transcript, "answer": ep.answer, "format_ok": ep.format_ok, "end_reason": ep.end_reason,
             "correct": ep.correctness, "searches": ep.n_searches, "sub_queries": ep.sub_queries,
             "reward": ep.reward, "generated_tokens": ep.n_generated,
             "ranker_calls": [ranker_call_record(c) for c in ep.ranker_calls]}
 
 
-def candidate_record(cand: Any, task_id: Optional[str], episodes: Sequence[Any], timings: dict) -> dict:
+def candidate_record(cand: Any, task_id: Optional[str], episodes: Sequence[Any], timings: dict,
+                     decode: Optional[Callable[[list[int]], str]] = None) -> dict:
     """One line of tasks/step_<n>.jsonl: everything about one proposed candidate."""
     return {
         "task_id": task_id, "reference_question": cand.reference, "reference_index": cand.ref_index,
-        "candidate": cand.index, "target_output": cand.target_completion.text, "target": cand.target,
+        "candidate": cand.index, "target_output": "<target>" + cand.target_completion.text, "target": cand.target,
         "target_verdict": cand.target_verdict, "paths_found": cand.paths_found, "evidence_path": cand.path,
-        "question_output": cand.question_completion.text if cand.question_completion else None,
+        "question_output": "<question>" + cand.question_completion.text if cand.question_completion else None,
         "question": cand.question, "question_verdict": cand.question_verdict,
         "stage": cand.stage, "reason": cand.reason, "accepted": cand.accepted,
         "accuracy": cand.accuracy, "proposer_reward": cand.reward,
-        "rollouts": [rollout_record(ep) for ep in episodes], "timings_s": timings,
+        "rollouts": [rollout_record(ep, decode) for ep in episodes], "timings_s": timings,
     }
 
 

@@ -18,6 +18,7 @@ from proposer.reward import proposer_reward
 
 TARGET_MAX_TOKENS = 48  # an entity name plus tags; longer outputs are cut and fail to parse
 QUESTION_MAX_TOKENS = 128
+TARGET_OPEN, QUESTION_OPEN = "<target>", "<question>"
 
 
 @dataclass
@@ -58,16 +59,37 @@ def _sampling(cfg: ProposerConfig, max_tokens: int, stop: str, seed: Optional[in
                           stop=[stop], n=n, seed=seed)
 
 
+def primed_prompt(policy: Any, messages: list[dict], opening_tag: str) -> list[int]:
+    """Chat prompt ending with the answer's opening tag already written by the assistant.
+
+    Priming the tag keeps small models on format without loosening the strict parser; the
+    tag tokens belong to the prompt (never trained on) and are re-attached before parsing.
+    """
+    return policy.chat_prompt_ids(messages) + list(policy.tokenizer.encode(opening_tag, add_special_tokens=False))
+
+
+def _closed(opening_tag: str, comp: Completion) -> str:
+    """Primed tag + completion; a turn the model ended itself (EOS) closes an open tag.
+
+    A completion cut by the token budget stays unclosed and fails to parse.
+    """
+    text = opening_tag + comp.text
+    closing = opening_tag.replace("<", "</", 1)
+    if comp.finish_reason == "eos" and closing not in text:
+        text += closing
+    return text
+
+
 def propose_targets(proposer: Any, references: list[tuple[int, str]], cfg: ProposerConfig,
                     seed: Optional[int] = None) -> list[Candidate]:
     """Call 1: `group_size` sampled targets per reference question, one generate call in all."""
-    prompts = [proposer.chat_prompt_ids(target_messages(q)) for _, q in references]
+    prompts = [primed_prompt(proposer, target_messages(q), TARGET_OPEN) for _, q in references]
     outputs = proposer.generate(prompts, _sampling(cfg, TARGET_MAX_TOKENS, "</target>", seed, cfg.group_size))
     cands = []
     for (ref_index, question), completions in zip(references, outputs):
         for i, comp in enumerate(completions):
             cand = Candidate(ref_index, question, i, comp)
-            cand.target, reason = parse_target(comp.text)
+            cand.target, reason = parse_target(_closed(TARGET_OPEN, comp))
             if cand.target is None:
                 cand.target_verdict = {"ok": False, "reason": f"parse:{reason}"}
                 cand.reject("target", f"parse:{reason}")
@@ -106,11 +128,11 @@ def propose_questions(proposer: Any, cands: list[Candidate], cfg: ProposerConfig
     live = [c for c in cands if c.live]
     if not live:
         return
-    prompts = [proposer.chat_prompt_ids(question_messages(c.target, c.path)) for c in live]
+    prompts = [primed_prompt(proposer, question_messages(c.target, c.path), QUESTION_OPEN) for c in live]
     outputs = proposer.generate(prompts, _sampling(cfg, QUESTION_MAX_TOKENS, "</question>", seed, 1))
     for cand, completions in zip(live, outputs):
         cand.question_completion = completions[0]
-        cand.question, reason = parse_question(completions[0].text)
+        cand.question, reason = parse_question(_closed(QUESTION_OPEN, completions[0]))
         if cand.question is None:
             cand.question_verdict = {"ok": False, "reason": f"parse:{reason}"}
             cand.reject("question", f"parse:{reason}")
@@ -139,11 +161,17 @@ def assign_proposer_rewards(cands: list[Candidate], cfg: ProposerConfig) -> None
 
 
 def proposer_sequences(cands: list[Candidate], advantages: list[float]) -> list[Any]:
-    """Call-1 and call-2 tokens of a candidate share its advantage (SPEC §3.5)."""
+    """Call-1 and call-2 tokens of a candidate share its advantage (SPEC §3.5).
+
+    Zero-advantage candidates (zero-variance groups) are left out: they add nothing to the
+    policy gradient and would only cost a forward/backward pass.
+    """
     from coevo.policy import TrainSequence
 
     batch = []
     for cand, adv in zip(cands, advantages):
+        if adv == 0.0:
+            continue
         for comp in (cand.target_completion, cand.question_completion):
             if comp is not None and comp.token_ids:
                 batch.append(TrainSequence.from_completion(comp, adv))

@@ -31,14 +31,19 @@ __all__ = ["Task", "Episode", "Action", "SearchTool", "parse_action", "solver_me
 SEARCH_STOP, ANSWER_STOP = "</search>", "</answer>"
 
 SOLVER_SYSTEM = (
-    "You answer questions with the help of a search engine over Wikipedia. Work in turns. In each turn "
-    "you may first reason inside <think> and </think>. Then do exactly one action:\n"
-    "- search: write a search query inside <search> and </search>; the results come back inside "
-    "<information> and </information>;\n"
-    "- answer: write the final answer, a few words only, inside <answer> and </answer>, "
-    "for example <answer>Paris</answer>.\n"
+    "You answer questions with the help of a search engine over Wikipedia. In each turn, either search with "
+    "<search>query</search> (results come back inside <information> and </information>) or give the final "
+    "answer, a few words only, with <answer>answer</answer>. You may think first inside <think> and </think>. "
     "You can search at most {max_searches} times. Write nothing after the closing tag of your action."
 )
+# One demonstration in the exact episode format (observation appended inside the assistant
+# turn). Measured on SmolLM2-135M-Instruct: without it 0/128 sampled first turns held a tag;
+# with it about a third opened with a well-formed <search>.
+DEMO_QUESTION = "Who wrote the play Hamlet?"
+DEMO_QUERY = "Hamlet play author"
+DEMO_DOC = ("Hamlet", "The Tragedy of Hamlet, Prince of Denmark, is a tragedy written by William Shakespeare "
+                      "between 1599 and 1601.")
+DEMO_ANSWER = "William Shakespeare"
 
 
 @dataclass
@@ -109,9 +114,19 @@ class SolverPolicy(Protocol):
     def generate(self, prompts: list[list[int]], sampling: SamplingParams) -> list[list[Any]]: ...
 
 
+class _DemoPassage(NamedTuple):
+    id: str
+    title: str
+    text: str
+
+
 def solver_messages(question: str, max_searches: int) -> list[dict]:
-    """System + user chat messages that open an episode."""
+    """Chat messages that open an episode: instructions, one demonstrated episode, the question."""
+    demo = (f"<search>{DEMO_QUERY}</search>{observation_text([_DemoPassage('demo', *DEMO_DOC)])}"
+            f"<answer>{DEMO_ANSWER}</answer>")
     return [{"role": "system", "content": SOLVER_SYSTEM.format(max_searches=max_searches)},
+            {"role": "user", "content": f"Question: {DEMO_QUESTION}"},
+            {"role": "assistant", "content": demo},
             {"role": "user", "content": f"Question: {question}"}]
 
 

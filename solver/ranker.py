@@ -113,15 +113,37 @@ def _truncate(text: str, limit: int) -> str:
     return text if len(text) <= limit else text[:limit].rstrip() + "…"
 
 
+# One demonstrated call (small models copy the format from it); its ranking has min(k, 6) entries.
+DEMO_CANDIDATES = (
+    ("Hamlet (film)", "Hamlet is a 1948 British film adaptation of the play, directed by Laurence Olivier."),
+    ("Hamlet", "The Tragedy of Hamlet, Prince of Denmark, is a tragedy written by William Shakespeare."),
+    ("Shakespeare's plays", "William Shakespeare wrote about 39 plays, among them Hamlet and Macbeth."),
+    ("Denmark", "Denmark is a Nordic country in Northern Europe."),
+    ("Elsinore", "Kronborg castle in Helsingor is the setting of the play Hamlet."),
+    ("Prince", "A prince is a male ruler or a member of a monarch's family."),
+)
+DEMO_ORDER = (2, 3, 5, 1, 4, 6)
+
+
+def _ranker_user(q0: str, sub_query: str, numbered: list[str], k: int) -> str:
+    return (f"Question: {q0}\nSearch query: {sub_query}\n\nCandidates:\n" + "\n".join(numbered)
+            + f"\n\nRank the {k} most useful candidates.")
+
+
 def ranker_messages(q0: str, sub_query: str, candidates: Sequence[PassageLike], k: int,
                     passage_chars: int = 300) -> list[dict]:
-    """Chat messages of one ranker call: q0, the sub-query and numbered, truncated candidates."""
+    """Chat messages of one ranker call: instructions, one demonstrated call, then q0, the
+    sub-query and the numbered candidates truncated to `passage_chars`."""
     example = " > ".join(f"[{i}]" for i in (3, 1, 2, 5, 4)[:k])
+    demo_k = min(k, len(DEMO_ORDER))
+    demo_user = _ranker_user("Who wrote the play Hamlet?", "Hamlet play author",
+                             [f"[{i}] ({t}) {x}" for i, (t, x) in enumerate(DEMO_CANDIDATES, 1)], demo_k)
+    demo_answer = ("<reason>Candidate [2] names the author of Hamlet.</reason>\n<rerank>"
+                   + " > ".join(f"[{i}]" for i in DEMO_ORDER[:demo_k]) + "</rerank>")
     lines = [f"[{i}] ({p.title}) {_truncate(p.text, passage_chars)}" for i, p in enumerate(candidates, 1)]
-    user = (f"Question: {q0}\nSearch query: {sub_query}\n\nCandidates:\n" + "\n".join(lines)
-            + f"\n\nRank the {k} most useful candidates.")
     return [{"role": "system", "content": RANKER_SYSTEM.format(k=k, example=example)},
-            {"role": "user", "content": user}]
+            {"role": "user", "content": demo_user}, {"role": "assistant", "content": demo_answer},
+            {"role": "user", "content": _ranker_user(q0, sub_query, lines, k)}]
 
 
 _TAG = re.compile(r"</?(reason|rerank)>")

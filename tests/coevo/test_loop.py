@@ -25,8 +25,8 @@ class FakeEvidence:
 
 def _proposer_reply(prompt: str, occurrence: int) -> str:
     if "Target answer" in prompt:
-        return "<question>Which city is the capital of France?</question>"
-    return ["<target>Paris</target>", "<target>Atlantis</target>"][occurrence % 2]
+        return "Which city is the capital of France?</question>"  # the prompt primes "<question>"
+    return ["Paris</target>", "Atlantis</target>"][occurrence % 2]
 
 
 def _solver_reply(prompt: str, occurrence: int) -> str:

@@ -80,8 +80,9 @@ def model_dir(tmp_path_factory: pytest.TempPathFactory) -> Path:
 @pytest.fixture(scope="module")
 def engine(model_dir: Path):
     """The one vLLM engine of this module (fp32: exact greedy parity with HF on CPU)."""
-    pytest.importorskip("vllm", reason="the vllm extra is not installed (make test installs it)")
-    from coevo.engines_vllm import VLLMEngine
+    from coevo.engines_vllm import VLLMEngine, require_vllm
+
+    require_vllm()  # make test installs the vllm extra: a missing vLLM is an error here, not a skip
     from coevo.models import load_model_and_tokenizer
 
     _, tok = load_model_and_tokenizer(str(model_dir))
@@ -143,6 +144,16 @@ def test_n_samples_and_seed(engine, hf) -> None:  # noqa: ANN001
     assert len({tuple(c.token_ids) for c in out[0]}) > 1
 
 
+def test_seeded_sampling_over_a_batch_larger_than_one_step(engine, hf) -> None:  # noqa: ANN001
+    _, tok = hf
+    ids = tok(" ".join(SENTENCES * 6), add_special_tokens=False)["input_ids"][:300]
+    prompts = [ids[i:] + ids[:i] for i in range(16)]  # > 4096 prompt tokens: more than one scheduler step
+    sp = SamplingParams(temperature=1.0, max_new_tokens=2, seed=3)
+    out = engine.generate(prompts, sp)
+    assert sum(map(len, prompts)) > 4096 and all(len(c[0].token_ids) == 2 for c in out)
+    assert _ids(out) == _ids(engine.generate(prompts, sp))
+
+
 def test_stop_strings_like_hf(engine, hf) -> None:  # noqa: ANN001
     model, tok = hf
     prompts = _prompts(tok)
@@ -180,6 +191,19 @@ def test_weights_sync_in_place_after_grpo_update(engine, hf, model_dir: Path) ->
     original, _ = load_model_and_tokenizer(str(model_dir))
     engine.sync_weights(original)
     assert _ids(engine.generate(prompts, GREEDY)) == _ids(before)
+
+
+def test_unsupported_cpu_head_size_is_a_clear_error(tmp_path: Path) -> None:
+    from coevo.engines_vllm import VLLMEngine, require_vllm
+    from coevo.models import build_tiny_random, load_model_and_tokenizer
+
+    require_vllm()
+    model, tok = load_model_and_tokenizer(str(build_tiny_random(tmp_path / "m", hidden=32)))  # head size 8
+    from vllm.platforms import current_platform
+
+    if current_platform.is_cpu():
+        with pytest.raises(ValueError, match="head size 8"):
+            VLLMEngine(model, tok, _cfg())
 
 
 def test_missing_vllm_is_a_clear_error(monkeypatch: pytest.MonkeyPatch, hf) -> None:  # noqa: ANN001

@@ -93,8 +93,8 @@ def make_tool(overlap_retriever):
 
 
 def n_observations(prompt):
-    # The system prompt names the tags too; only appended observations end with "</information>\n".
-    return prompt.count("</information>\n")
+    # Observations of this episode: after the last "Question: " (the demonstration has one too).
+    return prompt.rsplit("Question: ", 1)[1].count("</information>\n")
 
 
 def search_then_answer(prompt, occurrence):

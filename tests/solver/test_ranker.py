@@ -78,10 +78,12 @@ def test_parse_rerank_roundtrip(order):
 
 def test_ranker_messages_hold_q0_subquery_numbered_truncated_candidates(passages):
     msgs = ranker_messages("Q0?", "sub query", passages[:3], k=2, passage_chars=10)
-    user = msgs[1]["content"]
+    user = msgs[-1]["content"]
     assert "Question: Q0?" in user and "Search query: sub query" in user
     assert "[1] (Paris) Paris is t…" in user and "[3] (Berlin) Berlin is…" in user
     assert "exactly 2" in msgs[0]["content"]
+    assert msgs[2]["content"].endswith("<rerank>[2] > [3]</rerank>")  # the demonstration ranks k too
+    assert parse_rerank(msgs[2]["content"], 6, 2) == ([1, 2], "ok")
 
 
 def test_oracle_order():
@@ -117,7 +119,7 @@ def test_trainable_mode_uses_ranker_order_and_records_training_data(make_tool):
     assert call.i_ans and call.relevant == [True, False, True, False]
     assert policy.tokenizer.decode(call.completion_ids) == call.text
     assert len(call.logprobs) == len(call.completion_ids)
-    assert policy.tokenizer.decode(call.prompt_ids).count("Candidates:") == 1
+    assert policy.tokenizer.decode(call.prompt_ids).count("Candidates:") == 2  # demonstration + this call
     assert (call.task_id, call.rollout_idx, call.turn) == ("t1", 0, 0)
     assert call.ranked_relevant() == [True, False]
 

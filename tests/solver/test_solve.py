@@ -20,9 +20,10 @@ RANKINGS = ["<reason>a</reason><rerank>[1] > [3] > [2]</rerank>", "no idea",
 def solver_turn(prompt, occurrence):
     if "Candidates:" in prompt:  # shared-backbone ranker prompt
         return RANKINGS[occurrence]
-    if "Germany" in prompt.split("Question:")[-1] and "</information>\n" not in prompt:
+    episode = prompt.rsplit("Question: ", 1)[1]  # skip the demonstration
+    if "Germany" in episode and "</information>\n" not in episode:
         return "I am not sure."  # every t2 rollout breaks the format: a zero-variance group
-    if "</information>\n" not in prompt:
+    if "</information>\n" not in episode:
         return "<search>capital of France</search>"
     first_title = prompt.rsplit("<information>Doc 1 (Title: ", 1)[1].split(")")[0]
     return f"<answer>{first_title}</answer>"

@@ -20,15 +20,21 @@ import argparse
 import json
 import sys
 import time
+from pathlib import Path
 from typing import Any
 
-import torch
+# Run as a script, Python puts bench/ first on sys.path, where sibling scripts (bench/evidence.py)
+# would shadow the project's packages of the same name: the repo root goes first instead.
+_ROOT = Path(__file__).resolve().parents[1]
+sys.path[:] = [str(_ROOT)] + [p for p in sys.path if Path(p or ".").resolve() != _ROOT / "bench"]
 
-from coevo.config import compose
-from coevo.engine import SamplingParams
-from coevo.solve import (SolveRootConfig, SolveStack, build_stack, load_tasks, ranker_sequences, register_solve_schema,
-                         rollout_metrics, score_episodes, solver_sequences, to_solve_object)
-from solver.agent import run_episodes
+import torch  # noqa: E402
+
+from coevo.config import compose  # noqa: E402
+from coevo.engine import SamplingParams  # noqa: E402
+from coevo.solve import (SolveRootConfig, SolveStack, build_stack, load_tasks, ranker_sequences,  # noqa: E402
+                         register_solve_schema, rollout_metrics, score_episodes, solver_sequences, to_solve_object)
+from solver.agent import run_episodes  # noqa: E402
 
 
 class TimedGenerate:

@@ -8,6 +8,7 @@ methods the episode code calls (`generate`, `chat_prompt_ids`, `tokenizer`, `sea
 """
 from __future__ import annotations
 
+import math
 import os
 from dataclasses import dataclass
 from typing import Any, Optional
@@ -50,6 +51,9 @@ class PolicyWorker:
         torch.manual_seed(seed)
         self.policy = Policy.from_config(cfg, role)
 
+    def ready(self) -> bool:
+        return True
+
     def info(self) -> dict:
         return {"params": self.policy.num_parameters(), "frozen": self.policy.frozen,
                 "device": str(self.policy.device)}
@@ -82,6 +86,9 @@ class RetrievalWorker:
         self.corpus = load_corpus(corpus_spec(cfg))
         self.retriever = build_retriever(self.corpus, cfg.retrieval.backend, cfg.retrieval.cache_dir)
 
+    def ready(self) -> bool:
+        return True
+
     def info(self) -> dict:
         return {"corpus": self.corpus.name, "passages": len(self.corpus), "hash": self.corpus.content_hash,
                 "backend": self.retriever.backend, "build_s": self.retriever.build_s,
@@ -108,6 +115,9 @@ class EvidenceWorker:
         retriever = build_retriever(corpus, cfg.retrieval.backend, cfg.retrieval.cache_dir)
         self.pipeline = EvidencePipeline.from_config(corpus, retriever, cfg.evidence,
                                                      max_target_chars=cfg.proposer.max_target_chars)
+
+    def ready(self) -> bool:
+        return True
 
     def validate_targets(self, targets: list[str], references: list[str]) -> list[dict]:
         return [v.to_dict() for v in self.pipeline.validate_targets(targets, references)]
@@ -222,8 +232,11 @@ def init_ray(cfg: CoevoConfig) -> None:
         kwargs["address"] = cfg.ray.address
     else:
         # Policies declare their CPU share; a local cluster must admit all actors even on 2 cores.
-        need = sum(getattr(cfg, r).num_cpus for r in ("proposer", "solver", "ranker")) + 2
-        kwargs["num_cpus"] = cfg.ray.num_cpus or max(int(need), os.cpu_count() or 1)
+        need = math.ceil(sum(getattr(cfg, r).num_cpus for r in ("proposer", "solver", "ranker")) + 2)
+        if cfg.ray.num_cpus is not None and cfg.ray.num_cpus < need:
+            raise ValueError(f"config key ray.num_cpus={cfg.ray.num_cpus} is too small: the actors request {need} "
+                             "CPUs (proposer/solver/ranker num_cpus + retrieval + evidence)")
+        kwargs["num_cpus"] = cfg.ray.num_cpus or max(need, os.cpu_count() or 1)
     ray.init(**kwargs)
 
 
@@ -240,7 +253,23 @@ def create_actors(cfg: CoevoConfig) -> Actors:
     trainable = {r: p for r, p in (("proposer", proposer), ("solver", solver)) if not p.frozen}
     if ranker is not None and ranker is not solver and not ranker.frozen:
         trainable["ranker"] = ranker
+    handles = {"proposer": proposer.actor, "solver": solver.actor, "retrieval": retrieval.actor,
+               "evidence": evidence.actor, **({"ranker": ranker.actor} if ranker is not None else {})}
+    wait_until_ready(handles, cfg.ray.ready_timeout_s)
     return Actors(proposer, solver, ranker, retrieval, evidence, trainable)
+
+
+def wait_until_ready(handles: dict[str, Any], timeout_s: float) -> None:
+    """Fail clearly when an actor cannot start or cannot be scheduled (instead of hanging)."""
+    refs = {name: h.ready.remote() for name, h in handles.items()}
+    done, pending = ray.wait(list(refs.values()), num_returns=len(refs), timeout=timeout_s)
+    for name, ref in refs.items():
+        if ref in done:
+            call(ref, f"{name} start-up")
+    if pending:
+        late = [n for n, r in refs.items() if r in pending]
+        raise ActorFailure(f"actors {late} did not start within ray.ready_timeout_s={timeout_s}s; the cluster may lack "
+                           f"the CPUs/GPUs they request ({ray.available_resources()} available)")
 
 
 def _ranker_policy_cfg(cfg: CoevoConfig) -> PolicyConfig:

@@ -138,6 +138,7 @@ class RayConfig:
     address: Optional[str] = None  # join this cluster; None starts a local one
     num_cpus: Optional[int] = None  # CPUs of the local cluster (None = all)
     local: bool = False  # run every role in the driver process without Ray (debugging, tests)
+    ready_timeout_s: float = 1800.0  # actors not started by then (e.g. unschedulable) stop the run
 
 
 @dataclass

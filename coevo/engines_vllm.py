@@ -12,7 +12,7 @@ Same semantics as `coevo.engines_hf.HFEngine` (docs/vllm.md has the table):
   (`logprobs_mode="raw_logprobs"`). fp32 on CPU gives exact greedy parity with HF.
 
 Weight sync (`sync_weights(model)`, called by `Policy.update` after every optimizer step):
-- `weight_sync="tmpfs"` (default, any platform): one safetensors file in this engine's directory under
+- `weight_sync="tmpfs"` (default, any platform): a safetensors file (deleted once read) in this engine's dir under
   `/dev/shm`, then `collective_rpc("reload_weights", kwargs={"weights_path": dir})` and
   `reset_prefix_cache()`: vLLM's loader redoes its weight repacking (loading tensors straight into
   `model.load_weights` fails on CPU). No restart. The engine runs with untied output embeddings and
@@ -144,11 +144,9 @@ class _LocalLLMClient:
 
 def _shutdown(llm, sync_dir: str) -> None:  # noqa: ANN001
     """Stop the engine processes and delete the tmpfs staging directory (also run at interpreter exit)."""
-    try:
-        if llm is not None:
-            llm.llm_engine.engine_core.shutdown()
-    finally:
-        shutil.rmtree(sync_dir, ignore_errors=True)
+    shutil.rmtree(sync_dir, ignore_errors=True)
+    if llm is not None:
+        llm.llm_engine.engine_core.shutdown()
 
 
 class VLLMEngine:
@@ -166,6 +164,8 @@ class VLLMEngine:
         if weight_sync not in WEIGHT_SYNC_MODES:
             raise ValueError(f"weight_sync={weight_sync!r}; known modes: {list(WEIGHT_SYNC_MODES)}")
         vllm = require_vllm()
+        if weight_sync == "ipc" and self._on_cpu():
+            raise ValueError("weight_sync='ipc' needs the CUDA build of vLLM and a GPU; use 'tmpfs' on CPU")
         self.tokenizer = tokenizer
         self.weight_sync = weight_sync
         self.sleep_mode = sleep_mode
@@ -173,8 +173,6 @@ class VLLMEngine:
         self.llm = None
         self._finalizer = weakref.finalize(self, _shutdown, None, self.sync_dir)
         self.last_sync_s: Optional[float] = None  # seconds of the latest sync_weights
-        self.sync_count = 0
-        self.sync_total_s = 0.0
         self._asleep = False
         path = self._initial_checkpoint(model_or_path, tokenizer, cfg.dtype)
         if not self.eos_ids:
@@ -184,6 +182,7 @@ class VLLMEngine:
         t0 = time.perf_counter()
         self.llm = vllm.LLM(**self._llm_kwargs(path, cfg, enforce_eager, kv_cache_memory_bytes, max_model_len, seed))
         self.startup_s = time.perf_counter() - t0  # engine start-up (processes, weights, KV cache)
+        self._drop_staged_weights()
         self._finalizer.detach()
         self._finalizer = weakref.finalize(self, _shutdown, self.llm, self.sync_dir)
         self._ipc = None
@@ -275,9 +274,7 @@ class VLLMEngine:
             n=sampling.n, temperature=0.0 if greedy else float(sampling.temperature),
             top_p=1.0 if greedy else float(sampling.top_p), top_k=0, min_p=0.0, seed=seed,
             max_tokens=int(sampling.max_new_tokens), stop=[s for s in sampling.stop if s] or None,
-            stop_token_ids=sorted(self.eos_ids), include_stop_str_in_output=True,
-            logprobs=0, skip_special_tokens=True,
-        )
+            stop_token_ids=sorted(self.eos_ids), include_stop_str_in_output=True, logprobs=0)
 
     def _has_stop(self, ids: list[int], stops: list[str]) -> bool:
         text = self.tokenizer.decode(ids, skip_special_tokens=True)
@@ -338,6 +335,11 @@ class VLLMEngine:
             config.save_pretrained(self.sync_dir)
         save_file(state, str(target), metadata={"format": "pt"})
 
+    def _drop_staged_weights(self) -> None:
+        # vLLM has read them: a kept copy would hold the model twice in RAM, and outlive a killed
+        # process (Ray ends actors without running finalizers).
+        (Path(self.sync_dir) / "model.safetensors").unlink(missing_ok=True)
+
     def sync_weights(self, model) -> None:  # noqa: ANN001
         """Serve `model`'s current weights from now on, in place (no restart, no persistent disk)."""
         t0 = time.perf_counter()
@@ -348,14 +350,13 @@ class VLLMEngine:
         else:
             self._stage(model)
             self.llm.collective_rpc("reload_weights", kwargs={"weights_path": self.sync_dir})
+            self._drop_staged_weights()
         if self._asleep:
             self.llm.wake_up(tags=["kv_cache"])
             self._asleep = False
         # Cached prefixes hold keys/values computed with the old weights.
         self.llm.reset_prefix_cache()
         self.last_sync_s = time.perf_counter() - t0
-        self.sync_count += 1
-        self.sync_total_s += self.last_sync_s
 
     def _send_ipc(self, model) -> None:  # noqa: ANN001
         from vllm.distributed.weight_transfer.ipc_engine import IPCTrainerInitInfo, IPCTrainerWeightTransferEngine

@@ -30,7 +30,7 @@ def small_corpus(tmp_path_factory, shared_data):
 
 def _run(run_dir, corpus, *extra, wait=True):
     cmd = [sys.executable, "-m", "coevo.run", "experiment=smoke", "corpus=jsonl", f"corpus.path={corpus}",
-           f"run.dir={run_dir}", "ray.num_cpus=4", *extra]
+           f"run.dir={run_dir}", *extra]
     env = {**os.environ, "PYTHONUNBUFFERED": "1"}
     if not wait:
         return subprocess.Popen(cmd, cwd=ROOT, env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT,

@@ -193,7 +193,7 @@ def test_weights_sync_in_place_after_grpo_update(engine, hf, model_dir: Path) ->
     assert _ids(engine.generate(prompts, GREEDY)) == _ids(before)
 
 
-def test_unsupported_cpu_head_size_is_a_clear_error(tmp_path: Path) -> None:
+def test_cpu_limits_are_clear_errors(tmp_path: Path) -> None:
     from coevo.engines_vllm import VLLMEngine, require_vllm
     from coevo.models import build_tiny_random, load_model_and_tokenizer
 
@@ -201,9 +201,11 @@ def test_unsupported_cpu_head_size_is_a_clear_error(tmp_path: Path) -> None:
     model, tok = load_model_and_tokenizer(str(build_tiny_random(tmp_path / "m", hidden=32)))  # head size 8
     from vllm.platforms import current_platform
 
-    if current_platform.is_cpu():
+    if current_platform.is_cpu():  # both fail before any engine process starts
         with pytest.raises(ValueError, match="head size 8"):
             VLLMEngine(model, tok, _cfg())
+        with pytest.raises(ValueError, match="ipc"):
+            VLLMEngine(model, tok, _cfg(), weight_sync="ipc")
 
 
 def test_missing_vllm_is_a_clear_error(monkeypatch: pytest.MonkeyPatch, hf) -> None:  # noqa: ANN001

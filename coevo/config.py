@@ -35,7 +35,8 @@ class PolicyConfig:
     max_prompt_tokens: int = 2048  # prompts longer than this are truncated from the left
     num_cpus: float = 1.0  # CPUs requested by this policy's Ray actor
     num_gpus: float = 0.0  # GPUs requested by this policy's Ray actor
-    gpu_memory_utilization: float = 0.3  # vLLM KV-cache share (of system RAM on CPU builds)
+    gpu_memory_utilization: float = 0.05  # vLLM memory share: of system RAM for the KV cache on CPU builds, of GPU memory (weights included) on GPUs
+    vllm_enforce_eager: bool = "${rollout.vllm_enforce_eager}"  # type: ignore[assignment]  # skip CUDA graph capture
 
 
 @dataclass

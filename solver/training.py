@@ -74,7 +74,7 @@ def solver_sequences(episodes: Sequence[Any], scale_std: bool = True) -> tuple[l
     adv, n_zero = _advantages([ep.reward for ep in episodes], gid, scale_std)
     batch = [TrainSequence(list(ep.token_ids), list(ep.loss_mask), a,
                            list(ep.logprobs) if ep.logprobs is not None else None)
-             for ep, a in zip(episodes, adv) if a != 0.0]
+             for ep, a in zip(episodes, adv) if a != 0.0 and ep.n_generated > 0]
     return batch, {"groups": len(tasks), "zero_var_groups": n_zero,
                    "zero_var_share": n_zero / len(tasks) if tasks else 0.0}
 

@@ -55,6 +55,10 @@ def test_smoke_run_then_resume(tmp_path, small_corpus):
     assert [m["step"] for m in metrics] == [0, 1] and "acceptance" in metrics[0]
     assert latest_checkpoint(run_dir).name == "step_1"
     assert (run_dir / "config.yaml").exists() and list((run_dir / "tensorboard").iterdir())
+    from coevo.inspect import main as inspect_main
+
+    assert inspect_main([str(run_dir), "--html", str(tmp_path / "r.html"), "--verdict", "rejected"]) == 0
+    assert "<img src=\"data:image/png;base64," in (tmp_path / "r.html").read_text()
     out = _run(run_dir, small_corpus, "run.steps=3", "resume=true")
     assert "resumed from" in out and "[step 3/3]" in out
     assert [m["step"] for m in read_jsonl(run_dir / "metrics.jsonl")] == [0, 1, 2]
@@ -76,6 +80,28 @@ def test_sigkill_then_resume_keeps_completed_steps(tmp_path, small_corpus):
     last = json.loads((done / "state.json").read_text())["step"]
     for f in (run_dir / "tasks").glob("step_*.jsonl"):
         read_jsonl(f)  # never corrupt
+    kept = {n: (run_dir / "tasks" / f"step_{n}.jsonl").read_bytes() for n in range(last + 1)}
     _run(run_dir, small_corpus, f"run.steps={last + 2}", "resume=true")
+    for n, data in kept.items():
+        assert (run_dir / "tasks" / f"step_{n}.jsonl").read_bytes() == data  # completed steps untouched
     steps = [m["step"] for m in read_jsonl(run_dir / "metrics.jsonl")]
     assert steps == list(range(last + 2))
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("experiment,check", [
+    ("frozen_proposer", lambda cfg: cfg["proposer"]["frozen"] is True),
+    ("retrieval_only", lambda cfg: cfg["ranker"]["mode"] == "none"),
+])
+def test_ablation_experiments_run(tmp_path, small_corpus, experiment, check):
+    import yaml
+
+    run_dir = tmp_path / experiment
+    cmd = [sys.executable, "-m", "coevo.run", f"experiment={experiment}", "proposer=tiny-random",
+           "solver=tiny-random", "ranker=tiny-random", "corpus=jsonl", f"corpus.path={small_corpus}",
+           f"run.dir={run_dir}", "run.steps=1", "proposer.questions_per_step=2", "solver.group_size=2",
+           "ray.local=true"]
+    proc = subprocess.run(cmd, cwd=ROOT, capture_output=True, text=True, timeout=600)
+    assert proc.returncode == 0, proc.stdout[-2000:] + proc.stderr[-2000:]
+    assert check(yaml.safe_load((run_dir / "config.yaml").read_text()))
+    assert len(read_jsonl(run_dir / "tasks" / "step_0.jsonl")) == 2 * 4  # questions x proposer.group_size

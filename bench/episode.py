@@ -18,6 +18,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import os
 import sys
 import time
 from pathlib import Path
@@ -101,7 +102,7 @@ def main() -> None:
     print(json.dumps({"diagnostics": {k: metrics[k] for k in ("end_reasons", "ranker_calls", "ranker_groups",
                                                                "gen_tokens_solver", "gen_tokens_ranker")},
                       "train_seqs": {"solver": len(solver_batch), "ranker": len(ranker_batch)},
-                      "gen_s": round(gen_s, 1)}), file=sys.stderr)
+                      "gen_s": round(gen_s, 1), "loadavg_1_5_15": os.getloadavg()}), file=sys.stderr)
     print(json.dumps(result), flush=True)
 
 

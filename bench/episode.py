@@ -31,10 +31,20 @@ sys.path[:] = [str(_ROOT)] + [p for p in sys.path if Path(p or ".").resolve() !=
 
 import torch  # noqa: E402
 
-from coevo.config import compose  # noqa: E402
-from coevo.engine import SamplingParams  # noqa: E402
-from coevo.solve import (SolveRootConfig, SolveStack, build_stack, load_tasks, ranker_sequences,  # noqa: E402
-                         register_solve_schema, rollout_metrics, score_episodes, solver_sequences, to_solve_object)
+from coevo.core.config import compose  # noqa: E402
+from coevo.core.types import SamplingParams  # noqa: E402
+from coevo.orchestrate.solve import (  # noqa: E402
+    SolveRootConfig,
+    SolveStack,
+    build_stack,
+    load_tasks,
+    ranker_sequences,
+    register_solve_schema,
+    rollout_metrics,
+    score_episodes,
+    solver_sequences,
+    to_solve_object,
+)
 from solver.agent import run_episodes  # noqa: E402
 
 

@@ -32,10 +32,11 @@ sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
 import networkx as nx  # noqa: E402
 
+from coevo.core.types import EvidencePath
 from evidence.corpus import Corpus, load_corpus, shared_data_dir  # noqa: E402
 from evidence.entities import EntityIndex, build_entity_index  # noqa: E402
 from evidence.graph import build_graph, resolve_node  # noqa: E402
-from evidence.paths import EvidencePath, build_evidence_paths  # noqa: E402
+from evidence.paths import build_evidence_paths  # noqa: E402
 from evidence.retrieval import build_retriever  # noqa: E402
 
 SEED = 0

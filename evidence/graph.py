@@ -28,7 +28,8 @@ from typing import Any, Iterable, Optional
 
 import networkx as nx
 
-from evidence.entities import TOPIC_PRONOUNS, EntityIndex, Mention, normalize_entity, strip_disambiguator, title_key
+from evidence.entities import EntityIndex
+from evidence.mentions import TOPIC_PRONOUNS, Mention, normalize_entity, strip_disambiguator, title_key
 
 RELATION, CO_MENTION = "relation", "co_mention"
 CUE_RANK = {RELATION: 1, CO_MENTION: 0}

@@ -14,79 +14,29 @@ alias or acronym of one already on the branch ("Snow" after "Hank Snow", "IP" af
 from __future__ import annotations
 
 import random
-from dataclasses import asdict, dataclass, field
 from typing import Any, Optional
 
 import networkx as nx
 
-from evidence.entities import TOPIC_PRONOUNS, VALUE_LABELS, EntityIndex, normalize_entity, title_key
-from evidence.graph import (Support, add_passages, best_support, display_name, edge_rank, node_label,
-                            resolve_node, same_entity, support_score)
+from coevo.core.types import EvidencePath, Hop
+from evidence.entities import EntityIndex
+from evidence.graph import (
+    Support,
+    add_passages,
+    best_support,
+    display_name,
+    edge_rank,
+    node_label,
+    resolve_node,
+    same_entity,
+    support_score,
+)
+from evidence.mentions import TOPIC_PRONOUNS, VALUE_LABELS, normalize_entity, title_key
 
 SAMPLE_POOL = 6  # the extra branches are sampled among the next-best SAMPLE_POOL neighbours
 UNRELIABLE_LABELS = frozenset({"DATE", "NORP"}) | VALUE_LABELS  # years, numbers, nationalities
 HUB_SHARE, HUB_MIN_PASSAGES = 0.01, 50
 MAX_TARGET_CHARS = 1000  # longer "targets" are not entities; do not send them to the retriever
-
-
-@dataclass(frozen=True)
-class Hop:
-    """One transition head → tail, supported by `sentence` of passage `passage_id`."""
-
-    head: str
-    tail: str
-    sentence: str
-    passage_id: str
-    title: str
-    score: float
-    cue: str
-    head_key: str = ""
-    tail_key: str = ""
-    head_mention: str = ""  # how the sentence writes the head
-    tail_mention: str = ""
-
-
-@dataclass(frozen=True)
-class EvidencePath:
-    """A certified chain of hops ending at the target; JSON round-trip via to_dict/from_dict."""
-
-    target: str
-    hops: tuple[Hop, ...] = field(default_factory=tuple)
-
-    def __len__(self) -> int:
-        return len(self.hops)
-
-    @property
-    def entities(self) -> list[str]:
-        """Display names e0, e1, …, target-side entity."""
-        return [self.hops[0].head] + [h.tail for h in self.hops] if self.hops else []
-
-    @property
-    def bridges(self) -> list[str]:
-        """Entities strictly between the start entity and the target."""
-        return self.entities[1:-1]
-
-    @property
-    def evidence_ids(self) -> list[str]:
-        """Passage ids of the hops, in path order, each once: the task's evidence passages."""
-        return list(dict.fromkeys(h.passage_id for h in self.hops))
-
-    def to_dict(self) -> dict[str, Any]:
-        return {"target": self.target, "hops": [asdict(h) for h in self.hops], "evidence_ids": self.evidence_ids}
-
-    @classmethod
-    def from_dict(cls, data: dict[str, Any]) -> "EvidencePath":
-        """Inverse of to_dict (extra keys ignored); ValueError names what is malformed."""
-        if not isinstance(data, dict) or not isinstance(data.get("hops", []), list):
-            raise ValueError(f"an evidence path is a dict with a list of hops, got {type(data).__name__}")
-        names = Hop.__dataclass_fields__
-        hops = []
-        for i, h in enumerate(data.get("hops", [])):
-            try:
-                hops.append(Hop(**{k: v for k, v in h.items() if k in names}))
-            except (AttributeError, TypeError) as e:
-                raise ValueError(f"evidence path hop {i} is malformed ({e})") from None
-        return cls(target=str(data.get("target", "")), hops=tuple(hops))
 
 
 def _mentions(sentence: str, mention: str, key: str, title: str) -> bool:

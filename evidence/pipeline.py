@@ -9,11 +9,12 @@ from __future__ import annotations
 
 from typing import Any, Optional, Sequence
 
-from coevo.config import EvidenceConfig
+from coevo.core.config import EvidenceConfig
+from coevo.core.types import EvidencePath, Verdict
 from evidence.corpus import Corpus
 from evidence.entities import EntityIndex, build_entity_index
-from evidence.paths import EvidencePath, as_random, build_evidence_paths
-from evidence.validate import Verdict, check_target_form, support_verdict, validate_question
+from evidence.paths import as_random, build_evidence_paths
+from evidence.validate import check_target_form, support_verdict, validate_question
 
 
 class EvidencePipeline:

@@ -17,7 +17,7 @@ from typing import Optional, Protocol
 
 import numpy as np
 
-from coevo.io import atomic_dir, cache_root
+from coevo.core.io import atomic_dir, cache_root
 from evidence.corpus import Corpus
 
 BACKENDS = ("bm25s", "rank_bm25", "dense_minilm")

@@ -23,8 +23,15 @@ from typing import Any, Iterable, Optional
 import numpy as np
 
 from evidence.corpus import Corpus
-from evidence.entities import (ALLOWED_LABELS, ANNOTATOR_VERSION, TOPIC_PRONOUNS, VALUE_LABELS, Mention,
-                               normalize_entity, title_key)
+from evidence.mentions import (
+    ALLOWED_LABELS,
+    ANNOTATOR_VERSION,
+    TOPIC_PRONOUNS,
+    VALUE_LABELS,
+    Mention,
+    normalize_entity,
+    title_key,
+)
 
 EXCLUDED_PIPES = ["parser", "lemmatizer", "attribute_ruler"]
 LINKER_TAGS = frozenset({"VB", "VBD", "VBG", "VBN", "VBP", "VBZ", "IN", "TO", "POS"})

@@ -11,14 +11,14 @@ Question reason codes, in order: `empty`, `not_question`, `too_short`, `too_long
 from __future__ import annotations
 
 import re
-from dataclasses import asdict, dataclass
 from typing import Any, Optional
 
 from bm25s.stopwords import STOPWORDS_EN
 
-from evidence.entities import ALLOWED_LABELS, EntityIndex, normalize_entity, strip_disambiguator, title_key
-from evidence.paths import EvidencePath
-from solver.scoring import contains_answer, normalize_answer, token_f1
+from coevo.core.scoring import contains_answer, normalize_answer, token_f1
+from coevo.core.types import EvidencePath, Verdict
+from evidence.entities import EntityIndex
+from evidence.mentions import ALLOWED_LABELS, normalize_entity, strip_disambiguator, title_key
 
 COPY_F1 = 0.8  # a target this token-similar to the reference question is a copy of it
 ENTITY_COVERAGE = 0.6  # the entity-like span must cover this share of the target's tokens
@@ -38,21 +38,6 @@ prize festival battle war treaty act street road bridge tower house palace castl
 airport film album song band series show book novel king queen prince princess emperor
 president general sir lord lady jr sr ii iii iv first second third
 """.split())
-
-
-@dataclass(frozen=True)
-class Verdict:
-    """Outcome of one validation: `reason` is `ok` exactly when `ok` is True."""
-
-    ok: bool
-    reason: str
-    evidence: tuple[str, ...] = ()  # passage ids (targets, questions) supporting the verdict
-    detail: str = ""  # what triggered it: entity label, leaked text, certification reason
-
-    def to_dict(self) -> dict[str, Any]:
-        d = asdict(self)
-        d["evidence"] = list(self.evidence)
-        return d
 
 
 def _reject(reason: str, detail: str = "", evidence: tuple[str, ...] = ()) -> Verdict:

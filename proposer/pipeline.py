@@ -11,8 +11,8 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from typing import Any, Optional
 
-from coevo.config import ProposerConfig
-from coevo.engine import Completion, SamplingParams
+from coevo.core.config import ProposerConfig
+from coevo.core.types import Completion, SamplingParams, TrainSequence
 from proposer.prompts import parse_question, parse_target, question_messages, target_messages
 from proposer.reward import proposer_reward
 
@@ -166,7 +166,6 @@ def proposer_sequences(cands: list[Candidate], advantages: list[float]) -> list[
     Zero-advantage candidates (zero-variance groups) are left out: they add nothing to the
     policy gradient and would only cost a forward/backward pass.
     """
-    from coevo.policy import TrainSequence
 
     batch = []
     for cand, adv in zip(cands, advantages):

@@ -22,7 +22,7 @@ import re
 from dataclasses import dataclass, field
 from typing import Any, NamedTuple, Optional, Protocol, Sequence
 
-from coevo.engine import SamplingParams
+from coevo.core.types import SamplingParams
 from solver.ranker import RankerCall, SearchRequest, SearchTool, format_documents, strip_eos
 
 __all__ = ["Task", "Episode", "Action", "SearchTool", "parse_action", "solver_messages", "run_episodes",

@@ -21,8 +21,8 @@ from __future__ import annotations
 
 from typing import Any, Sequence
 
+from coevo.core.scoring import token_f1
 from solver.ranker import RankerCall
-from solver.scoring import token_f1
 
 GROUPINGS = ("semantic", "by_question")
 

@@ -13,7 +13,7 @@ import re
 from dataclasses import dataclass, field
 from typing import Any, NamedTuple, Optional, Protocol, Sequence
 
-from coevo.engine import SamplingParams
+from coevo.core.types import SamplingParams
 from solver.reward import PassageLike, answer_relevant, relevance_labels
 
 RANKER_MODES = ("trainable", "frozen", "none", "oracle")

@@ -15,7 +15,7 @@ from __future__ import annotations
 
 from typing import Any, Optional, Protocol, Sequence
 
-from solver.scoring import contains_answer, exact_match, f1
+from coevo.core.scoring import contains_answer, exact_match, f1
 
 HIT_CUTOFFS = (1, 3, 5)  # k of Hit@k in r_rel, before capping at K
 RELEVANCE_MODES = ("answer", "evidence", "both")

@@ -10,8 +10,9 @@ from typing import Any, Sequence
 
 import torch
 
-from coevo.config import RankerConfig, SolverConfig
-from coevo.grpo import group_advantages
+from coevo.core.config import RankerConfig, SolverConfig
+from coevo.core.grpo import group_advantages
+from coevo.core.types import TrainSequence
 from solver.grouping import group_task
 from solver.reward import correctness, score_ranker_call, solver_rewards
 
@@ -67,7 +68,6 @@ def _advantages(rewards: list[float], group_ids: list[int], scale_std: bool) -> 
 
 def solver_sequences(episodes: Sequence[Any], scale_std: bool = True) -> tuple[list[Any], dict[str, float]]:
     """One TrainSequence per episode, advantages normalized within each task's G rollouts."""
-    from coevo.policy import TrainSequence
 
     tasks = list(episodes_by_task(episodes))
     gid = [tasks.index(ep.task_id) for ep in episodes]
@@ -81,7 +81,6 @@ def solver_sequences(episodes: Sequence[Any], scale_std: bool = True) -> tuple[l
 
 def ranker_sequences(groups: Sequence[Sequence[Any]], scale_std: bool = True) -> tuple[list[Any], dict[str, float]]:
     """One TrainSequence per grouped ranker call (prompt masked out, completion trained)."""
-    from coevo.policy import TrainSequence
 
     calls = [c for g in groups for c in g]
     gid = [i for i, g in enumerate(groups) for _ in g]

@@ -28,7 +28,7 @@ from typing import Callable, Optional
 
 import pytest
 
-from coevo.engine import Completion, SamplingParams
+from coevo.core.types import Completion, SamplingParams
 from evidence.corpus import Corpus, Passage
 from evidence.retrieval import Hit
 

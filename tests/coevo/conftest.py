@@ -19,7 +19,7 @@ def build_bpe_model(out_dir: Path) -> Path:
     from tokenizers import Tokenizer, decoders, models, pre_tokenizers, trainers
     from transformers import PreTrainedTokenizerFast, Qwen2Config, Qwen2ForCausalLM
 
-    from coevo.models import CHAT_TEMPLATE
+    from coevo.train.models import CHAT_TEMPLATE
 
     tk = Tokenizer(models.BPE())
     tk.pre_tokenizer = pre_tokenizers.ByteLevel(add_prefix_space=False)
@@ -46,7 +46,7 @@ def build_bpe_model(out_dir: Path) -> Path:
 
 @pytest.fixture(scope="session")
 def tiny_dir(tmp_path_factory: pytest.TempPathFactory) -> Path:
-    from coevo.models import build_tiny_random
+    from coevo.train.models import build_tiny_random
 
     return build_tiny_random(tmp_path_factory.mktemp("tiny") / "model", hidden=32)
 
@@ -59,7 +59,7 @@ def bpe_dir(tmp_path_factory: pytest.TempPathFactory) -> Path:
 @pytest.fixture()
 def tiny(tiny_dir: Path):
     """(model, tokenizer) freshly loaded from the tiny word-level checkpoint."""
-    from coevo.models import load_model_and_tokenizer
+    from coevo.train.models import load_model_and_tokenizer
 
     return load_model_and_tokenizer(str(tiny_dir))
 
@@ -67,6 +67,6 @@ def tiny(tiny_dir: Path):
 @pytest.fixture()
 def bpe(bpe_dir: Path):
     """(model, tokenizer) freshly loaded from the byte-level BPE checkpoint."""
-    from coevo.models import load_model_and_tokenizer
+    from coevo.train.models import load_model_and_tokenizer
 
     return load_model_and_tokenizer(str(bpe_dir))

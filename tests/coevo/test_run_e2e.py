@@ -9,8 +9,8 @@ from pathlib import Path
 
 import pytest
 
-from coevo.checkpoint import latest_checkpoint
-from coevo.outputs import read_jsonl
+from coevo.orchestrate.outputs import read_jsonl
+from coevo.train.checkpoint import latest_checkpoint
 
 ROOT = Path(__file__).resolve().parents[2]
 

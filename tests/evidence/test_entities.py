@@ -4,7 +4,8 @@ from __future__ import annotations
 import pytest
 
 from evidence import spacy_ner
-from evidence.entities import build_entity_index, normalize_entity, title_key
+from evidence.entities import build_entity_index
+from evidence.mentions import normalize_entity, title_key
 
 
 @pytest.mark.parametrize("text, key", [

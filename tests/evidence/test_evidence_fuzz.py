@@ -7,10 +7,12 @@ import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-from evidence.entities import Mention, build_entity_index, normalize_entity, title_key
+from coevo.core.types import EvidencePath, Verdict
+from evidence.entities import build_entity_index
 from evidence.graph import CUE_RANK, build_graph, lexical_cue, resolve_node
-from evidence.paths import EvidencePath, build_evidence_paths, certify_path
-from evidence.validate import Verdict, validate_question, validate_target
+from evidence.mentions import Mention, normalize_entity, title_key
+from evidence.paths import build_evidence_paths, certify_path
+from evidence.validate import validate_question, validate_target
 
 PUNCT = string.punctuation + "“”‘’–—…¿¡«»·•"
 garbled = st.one_of(
@@ -111,7 +113,7 @@ def test_index_on_garbled_corpus(corpus_from_rows, tmp_path, rows):
 @FAST
 @given(st.lists(anything, max_size=4), st.one_of(st.none(), st.lists(anything, max_size=5)), anything)
 def test_pipeline_batches_total(toy_corpus, toy_retriever, toy_index, targets, references, seed):
-    from coevo.config import EvidenceConfig
+    from coevo.core.config import EvidenceConfig
     from evidence.pipeline import EvidencePipeline
 
     pipe = EvidencePipeline(toy_corpus, toy_retriever, toy_index, EvidenceConfig(max_hops=2))

@@ -4,9 +4,19 @@ from __future__ import annotations
 import networkx as nx
 import pytest
 
-from evidence.entities import Mention, normalize_entity
-from evidence.graph import (CO_MENTION, RELATION, best_support, build_graph, display_name, edge_rank, is_acronym,
-                            lexical_cue, resolve_node, same_entity)
+from evidence.graph import (
+    CO_MENTION,
+    RELATION,
+    best_support,
+    build_graph,
+    display_name,
+    edge_rank,
+    is_acronym,
+    lexical_cue,
+    resolve_node,
+    same_entity,
+)
+from evidence.mentions import Mention, normalize_entity
 
 
 def mentions(text: str, *names: str) -> list[Mention]:

@@ -6,7 +6,8 @@ import random
 
 import pytest
 
-from evidence.paths import EvidencePath, Hop, build_evidence_paths, certify_path
+from coevo.core.types import EvidencePath, Hop
+from evidence.paths import build_evidence_paths, certify_path
 
 
 def hop(head: str, tail: str, sentence: str, pid: str = "p1", title: str = "T", **kw) -> Hop:

@@ -3,10 +3,10 @@ from __future__ import annotations
 
 import pytest
 
-from coevo.config import EvidenceConfig
-from evidence.paths import EvidencePath, Hop
+from coevo.core.config import EvidenceConfig
+from coevo.core.types import EvidencePath, Hop, Verdict
 from evidence.pipeline import EvidencePipeline
-from evidence.validate import Verdict, distinctive_tokens, validate_question, validate_target
+from evidence.validate import distinctive_tokens, validate_question, validate_target
 
 
 def _hop(head: str, tail: str, sentence: str, pid: str) -> Hop:

@@ -1,6 +1,7 @@
 """Proposer parsing, prompts and reward against hand-computed cases (SPEC §3.1, §3.5)."""
 import pytest
-from hypothesis import given, strategies as st
+from hypothesis import given
+from hypothesis import strategies as st
 
 from proposer.prompts import parse_question, parse_target, question_messages, target_messages
 from proposer.reward import difficulty_reward, proposer_reward

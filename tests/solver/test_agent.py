@@ -5,8 +5,8 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from coevo.config import RankerConfig, SolverConfig
-from solver.agent import Action, observation_text, parse_action, run_episodes, Task
+from coevo.core.config import RankerConfig, SolverConfig
+from solver.agent import Action, Task, observation_text, parse_action, run_episodes
 from solver.ranker import Ranker, SearchTool, strip_eos
 
 TASK = Task("t1", "What is the capital of France?", ["Paris"], ["p3"])

@@ -1,7 +1,7 @@
 """Episodes with real policies (HF engine): tiny-random always, SmolLM2 as the slow test."""
 import pytest
 
-from coevo.config import RankerConfig, SolverConfig
+from coevo.core.config import RankerConfig, SolverConfig
 from solver.agent import Task, run_episodes, solver_messages
 from solver.ranker import Ranker, SearchTool
 
@@ -19,7 +19,7 @@ def check_episode(ep, policy):
 
 
 def run(model, overlap_retriever, group_size, max_new_tokens):
-    from coevo.policy import Policy
+    from coevo.train.policy import Policy
 
     solver_cfg = SolverConfig(preset=model, model=model, engine="hf", kl_coef=0.0, group_size=group_size,
                               max_searches=2, max_turns=2, max_episode_tokens=600, max_new_tokens=max_new_tokens)

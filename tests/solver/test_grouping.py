@@ -1,5 +1,5 @@
 """Semantic grouping of ranker calls (SPEC §4.4) on hand-written calls."""
-from coevo.config import RankerConfig
+from coevo.core.config import RankerConfig
 from solver.agent import Episode, Task
 from solver.grouping import cluster_calls, group_calls, group_task
 from solver.ranker import RankerCall

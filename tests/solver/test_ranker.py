@@ -5,9 +5,17 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from coevo.config import RankerConfig
-from solver.ranker import (Ranker, SearchRequest, SearchTool, build_ranker, format_documents, oracle_order,
-                           parse_rerank, ranker_messages)
+from coevo.core.config import RankerConfig
+from solver.ranker import (
+    Ranker,
+    SearchRequest,
+    SearchTool,
+    build_ranker,
+    format_documents,
+    oracle_order,
+    parse_rerank,
+    ranker_messages,
+)
 
 REASON = "<reason>doc 3 names the capital</reason>"
 

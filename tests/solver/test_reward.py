@@ -2,8 +2,15 @@
 import pytest
 
 from evidence.corpus import Passage
-from solver.reward import (correctness, hit_at_k, hit_cutoffs, ranker_reward, relevance_labels,
-                           relevance_reward, solver_rewards)
+from solver.reward import (
+    correctness,
+    hit_at_k,
+    hit_cutoffs,
+    ranker_reward,
+    relevance_labels,
+    relevance_reward,
+    solver_rewards,
+)
 
 
 def approx(values):
@@ -117,7 +124,7 @@ def test_answer_relevance_is_token_aligned():
 
 
 def test_score_ranker_call_fills_r_rel_and_reward():
-    from coevo.config import RankerConfig
+    from coevo.core.config import RankerConfig
     from solver.ranker import RankerCall
     from solver.reward import score_ranker_call
 

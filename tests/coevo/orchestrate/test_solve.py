@@ -4,13 +4,21 @@ from pathlib import Path
 
 import pytest
 
-from coevo.config import RankerConfig, SolverConfig
-from coevo.solve import (SolveRootConfig, SolveStack, load_tasks, question_batches, register_solve_schema,
-                         score_episodes, solve_step, to_solve_object)
+from coevo.core.config import RankerConfig, SolverConfig
+from coevo.orchestrate.solve import (
+    SolveRootConfig,
+    SolveStack,
+    load_tasks,
+    question_batches,
+    register_solve_schema,
+    score_episodes,
+    solve_step,
+    to_solve_object,
+)
 from solver.agent import Task, run_episodes
 from solver.ranker import Ranker, SearchTool
 
-CONFIG_DIR = str(Path(__file__).resolve().parents[2] / "configs")
+CONFIG_DIR = str(Path(__file__).resolve().parents[3] / "configs")
 TASKS = [Task("t1", "What is the capital of France?", ["Paris"], ["p3"]),
          Task("t2", "Which river flows through Germany?", ["Rhine"], ["p4"])]
 RANKINGS = ["<reason>a</reason><rerank>[1] > [3] > [2]</rerank>", "no idea",

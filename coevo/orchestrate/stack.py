@@ -8,19 +8,10 @@ from __future__ import annotations
 import time
 from typing import Any
 
-from coevo.config import CoevoConfig
-from coevo.models import describe_model, timed_load
-from evidence.corpus import load_corpus
+from coevo.core.config import CoevoConfig
+from coevo.train.models import describe_model, timed_load
+from evidence.corpus import corpus_source, load_corpus
 from evidence.retrieval import build_retriever
-
-
-def corpus_spec(cfg: CoevoConfig) -> str:
-    """What `load_corpus` gets for the configured corpus (a preset name or a file)."""
-    if cfg.corpus.name == "jsonl":
-        if not cfg.corpus.path:
-            raise ValueError("config key corpus.path is required when corpus=jsonl (a JSONL or JSONL.gz file)")
-        return cfg.corpus.path
-    return cfg.corpus.name
 
 
 def load_stack_summary(cfg: CoevoConfig) -> dict[str, Any]:
@@ -35,7 +26,7 @@ def load_stack_summary(cfg: CoevoConfig) -> dict[str, Any]:
         }
         del model
     t0 = time.perf_counter()
-    corpus = load_corpus(corpus_spec(cfg))
+    corpus = load_corpus(corpus_source(cfg.corpus))
     summary["corpus"] = {"name": corpus.name, "passages": len(corpus), "hash": corpus.content_hash[:12],
                          "load_s": round(time.perf_counter() - t0, 2)}
     retriever = build_retriever(corpus, cfg.retrieval.backend, cfg.retrieval.cache_dir)

@@ -8,8 +8,7 @@ import torch
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from coevo.grpo import clipped_surrogate_loss, group_advantages, k3_kl, masked_mean, sequence_token_logprobs
-
+from coevo.core.grpo import clipped_surrogate_loss, group_advantages, k3_kl, masked_mean, sequence_token_logprobs
 
 # ---- advantages -------------------------------------------------------------------------------
 

@@ -212,7 +212,7 @@ def to_object(cfg: DictConfig) -> CoevoConfig:
     return obj
 
 
-CONFIG_DIR = str((__import__("pathlib").Path(__file__).resolve().parent.parent / "configs"))
+CONFIG_DIR = str((__import__("pathlib").Path(__file__).resolve().parent.parent.parent / "configs"))
 
 
 def register_schema() -> None:

@@ -3,8 +3,8 @@ from types import SimpleNamespace
 
 import pytest
 
-from coevo.config import compose, to_object
-from coevo.loop import coevolution_step
+from coevo.core.config import compose, to_object
+from coevo.orchestrate.loop import coevolution_step
 
 
 class FakeEvidence:

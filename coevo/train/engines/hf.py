@@ -29,7 +29,7 @@ from typing import Optional
 import torch
 from transformers import GenerationConfig, LogitsProcessor, StoppingCriteria
 
-from coevo.engine import Completion, SamplingParams
+from coevo.core.types import Completion, SamplingParams
 
 
 class _LogprobRecorder(LogitsProcessor):

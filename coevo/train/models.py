@@ -14,7 +14,7 @@ import time
 from pathlib import Path
 from typing import Optional
 
-from coevo.io import atomic_dir, cache_root
+from coevo.core.io import atomic_dir, cache_root
 
 EMBEDDED = ("smollm2-135m", "tiny-random")
 EMBEDDED_VERSION = {"smollm2-135m": "v1", "tiny-random": "v2"}
@@ -126,7 +126,6 @@ def load_model_and_tokenizer(name: str, dtype: str = "float32", checkpoint: Opti
     """Load (model, tokenizer) for a preset/path/hub id; `checkpoint` overrides the weights."""
     import torch
     from transformers import AutoModelForCausalLM, AutoTokenizer
-
     from transformers.utils import logging as hf_logging
 
     hf_logging.disable_progress_bar()  # per-tensor progress bars drown the run's own progress

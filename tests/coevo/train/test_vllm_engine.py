@@ -12,11 +12,12 @@ from pathlib import Path
 import pytest
 import torch
 
-from coevo.config import PolicyConfig
-from coevo.engine import SamplingParams
-from coevo.engines_hf import HFEngine
-from coevo.grpo import sequence_token_logprobs
-from coevo.policy import Policy, TrainSequence, build_engine
+from coevo.core.config import PolicyConfig
+from coevo.core.grpo import sequence_token_logprobs
+from coevo.core.types import SamplingParams, TrainSequence
+from coevo.train.engines import build_engine
+from coevo.train.engines.hf import HFEngine
+from coevo.train.policy import Policy
 
 pytestmark = pytest.mark.slow
 
@@ -35,7 +36,7 @@ def _build_model(out_dir: Path) -> Path:
     from tokenizers import Tokenizer, decoders, models, pre_tokenizers, trainers
     from transformers import LlamaConfig, LlamaForCausalLM, PreTrainedTokenizerFast
 
-    from coevo.models import CHAT_TEMPLATE
+    from coevo.train.models import CHAT_TEMPLATE
 
     tk = Tokenizer(models.BPE())
     tk.pre_tokenizer = pre_tokenizers.ByteLevel(add_prefix_space=False)
@@ -80,10 +81,10 @@ def model_dir(tmp_path_factory: pytest.TempPathFactory) -> Path:
 @pytest.fixture(scope="module")
 def engine(model_dir: Path):
     """The one vLLM engine of this module (fp32: exact greedy parity with HF on CPU)."""
-    from coevo.engines_vllm import VLLMEngine, require_vllm
+    from coevo.train.engines.vllm import VLLMEngine, require_vllm
 
     require_vllm()  # make test installs the vllm extra: a missing vLLM is an error here, not a skip
-    from coevo.models import load_model_and_tokenizer
+    from coevo.train.models import load_model_and_tokenizer
 
     _, tok = load_model_and_tokenizer(str(model_dir))
     eng = VLLMEngine(str(model_dir), tok, _cfg(), kv_cache_memory_bytes=32 << 20)
@@ -94,7 +95,7 @@ def engine(model_dir: Path):
 @pytest.fixture()
 def hf(model_dir: Path):
     """(model, tokenizer) freshly loaded from the module's checkpoint."""
-    from coevo.models import load_model_and_tokenizer
+    from coevo.train.models import load_model_and_tokenizer
 
     return load_model_and_tokenizer(str(model_dir))
 
@@ -186,7 +187,7 @@ def test_weights_sync_in_place_after_grpo_update(engine, hf, model_dir: Path) ->
     assert _ids(after) == _ids(HFEngine(policy.model, tok).generate(prompts, GREEDY))
     assert _ids(after) != _ids(before)
     # Syncing the original weights back restores the original behaviour (and the module's engine).
-    from coevo.models import load_model_and_tokenizer
+    from coevo.train.models import load_model_and_tokenizer
 
     original, _ = load_model_and_tokenizer(str(model_dir))
     engine.sync_weights(original)
@@ -194,8 +195,8 @@ def test_weights_sync_in_place_after_grpo_update(engine, hf, model_dir: Path) ->
 
 
 def test_cpu_limits_are_clear_errors(tmp_path: Path) -> None:
-    from coevo.engines_vllm import VLLMEngine, require_vllm
-    from coevo.models import build_tiny_random, load_model_and_tokenizer
+    from coevo.train.engines.vllm import VLLMEngine, require_vllm
+    from coevo.train.models import build_tiny_random, load_model_and_tokenizer
 
     require_vllm()
     model, tok = load_model_and_tokenizer(str(build_tiny_random(tmp_path / "m", hidden=32, heads=4)))  # head size 8

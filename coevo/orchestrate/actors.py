@@ -16,8 +16,13 @@ from typing import Any, Optional
 import ray
 from ray.exceptions import RayActorError, RayTaskError
 
-from coevo.config import CoevoConfig, PolicyConfig
-from coevo.engine import Completion, SamplingParams
+from coevo.core.config import CoevoConfig, PolicyConfig
+from coevo.core.types import Completion, SamplingParams
+from coevo.train.models import resolve_model_path
+from coevo.train.policy import Policy
+from evidence.corpus import corpus_source, load_corpus
+from evidence.pipeline import EvidencePipeline
+from evidence.retrieval import build_retriever
 
 
 class ActorFailure(RuntimeError):
@@ -45,7 +50,6 @@ class PolicyWorker:
     def __init__(self, cfg: PolicyConfig, role: str, seed: int) -> None:
         import torch
 
-        from coevo.policy import Policy
 
         _limit_threads(cfg.num_cpus)
         torch.manual_seed(seed)
@@ -78,12 +82,8 @@ class RetrievalWorker:
     """Actor body holding the corpus and the first-stage index."""
 
     def __init__(self, cfg: CoevoConfig) -> None:
-        from coevo.stack import corpus_spec
-        from evidence.corpus import load_corpus
-        from evidence.retrieval import build_retriever
-
         _limit_threads(1)
-        self.corpus = load_corpus(corpus_spec(cfg))
+        self.corpus = load_corpus(corpus_source(cfg.corpus))
         self.retriever = build_retriever(self.corpus, cfg.retrieval.backend, cfg.retrieval.cache_dir)
 
     def ready(self) -> bool:
@@ -105,13 +105,8 @@ class EvidenceWorker:
     """Actor body holding spaCy, the entity index and its own retriever (loaded from cache)."""
 
     def __init__(self, cfg: CoevoConfig) -> None:
-        from coevo.stack import corpus_spec
-        from evidence.corpus import load_corpus
-        from evidence.pipeline import EvidencePipeline
-        from evidence.retrieval import build_retriever
-
         _limit_threads(1)
-        corpus = load_corpus(corpus_spec(cfg))
+        corpus = load_corpus(corpus_source(cfg.corpus))
         retriever = build_retriever(corpus, cfg.retrieval.backend, cfg.retrieval.cache_dir)
         self.pipeline = EvidencePipeline.from_config(corpus, retriever, cfg.evidence,
                                                      max_target_chars=cfg.proposer.max_target_chars)
@@ -177,7 +172,6 @@ class RemotePolicy:
     def __init__(self, actor: Any, cfg: PolicyConfig, role: str) -> None:
         from transformers import AutoTokenizer
 
-        from coevo.models import resolve_model_path
 
         self.actor, self.cfg, self.role = actor, cfg, role
         self.frozen = cfg.frozen
@@ -224,7 +218,7 @@ def init_ray(cfg: CoevoConfig) -> None:
     """Join `ray.address` or start a local cluster; the repo is importable in every worker."""
     if ray.is_initialized():
         return
-    root = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+    root = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
     env = {"env_vars": {"PYTHONPATH": root + os.pathsep + os.environ.get("PYTHONPATH", ""),
                         "TOKENIZERS_PARALLELISM": "false"}}
     kwargs: dict[str, Any] = {"runtime_env": env, "include_dashboard": False, "log_to_driver": True}
@@ -283,17 +277,13 @@ def _ranker_policy_cfg(cfg: CoevoConfig) -> PolicyConfig:
 
 def create_local_actors(cfg: CoevoConfig) -> Actors:
     """The same wiring in one process, without Ray (tests and debugging; `ray.local=true`)."""
-    from coevo.policy import Policy
-    from coevo.stack import corpus_spec
-    from evidence.corpus import load_corpus
-    from evidence.retrieval import build_retriever
 
     proposer = Policy.from_config(cfg.proposer, "proposer")
     solver = Policy.from_config(cfg.solver, "solver")
     ranker = None
     if cfg.ranker.mode in ("trainable", "frozen"):
         ranker = solver if cfg.ranker.share_backbone else Policy.from_config(_ranker_policy_cfg(cfg), "ranker")
-    retriever = build_retriever(load_corpus(corpus_spec(cfg)), cfg.retrieval.backend, cfg.retrieval.cache_dir)
+    retriever = build_retriever(load_corpus(corpus_source(cfg.corpus)), cfg.retrieval.backend, cfg.retrieval.cache_dir)
     trainable = {r: p for r, p in (("proposer", proposer), ("solver", solver)) if not p.frozen}
     if ranker is not None and ranker is not solver and not ranker.frozen:
         trainable["ranker"] = ranker

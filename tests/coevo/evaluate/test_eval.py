@@ -14,16 +14,22 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from coevo.engine import Completion
-from coevo.eval import (EvalStack, _observed, compose_eval, load_questions, main, run_eval,
-                        single_turn_messages)
-from coevo.eval_metrics import (aggregate, extract_answer, format_table, load_result, prediction_record,
-                                search_record)
+from coevo.core.types import Completion
+from coevo.eval import main
+from coevo.evaluate.harness import EvalStack, _observed, compose_eval, load_questions, run_eval, single_turn_messages
+from coevo.evaluate.metrics import (
+    aggregate,
+    extract_answer,
+    format_table,
+    load_result,
+    prediction_record,
+    search_record,
+)
 from evidence.corpus import Corpus, Passage
 from evidence.retrieval import Hit
 from solver.ranker import Ranker, SearchTool
 
-REPO = Path(__file__).resolve().parents[2]
+REPO = Path(__file__).resolve().parents[3]
 
 
 # ---- aggregation by hand ---------------------------------------------------------------------
@@ -174,7 +180,7 @@ class ScriptedSolver:
         return self.tokenizer.encode("".join(m["content"] for m in messages))
 
     def sampling_from_config(self, greedy=False, **overrides):
-        from coevo.engine import SamplingParams
+        from coevo.core.types import SamplingParams
 
         return SamplingParams(temperature=0.0, max_new_tokens=200, **overrides)
 

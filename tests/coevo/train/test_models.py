@@ -2,7 +2,7 @@
 import pytest
 import torch
 
-from coevo import models
+from coevo.train import models
 
 
 def test_tiny_random_resolves_once(tmp_path, monkeypatch):

@@ -16,7 +16,7 @@ from typing import Any, Callable, Optional
 import numpy as np
 import torch
 
-from coevo.io import atomic_dir, atomic_write_text
+from coevo.core.io import atomic_dir, atomic_write_text
 
 _STEP_DIR = re.compile(r"^step_(\d+)$")
 MARKER = "COMPLETE"

@@ -6,10 +6,23 @@ import numpy as np
 import pytest
 import torch
 
-from coevo.checkpoint import latest_checkpoint, prune_checkpoints, read_state, restore_rng, rng_state, save_checkpoint
-from coevo.io import atomic_dir
-from coevo.outputs import (MetricsLog, drop_dumps_after, load_reference_questions, read_jsonl, write_task_dump)
+from coevo.core.io import atomic_dir
+from coevo.orchestrate.outputs import (
+    MetricsLog,
+    drop_dumps_after,
+    load_reference_questions,
+    read_jsonl,
+    write_task_dump,
+)
 from coevo.run import next_references, step_seed
+from coevo.train.checkpoint import (
+    latest_checkpoint,
+    prune_checkpoints,
+    read_state,
+    restore_rng,
+    rng_state,
+    save_checkpoint,
+)
 
 
 def test_task_dump_atomic_and_readable(tmp_path):

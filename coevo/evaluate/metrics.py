@@ -32,9 +32,9 @@ from datetime import datetime, timezone
 from pathlib import Path
 from typing import Any, Optional, Sequence
 
+from coevo.core.scoring import cover_em, exact_match, f1
 from solver.agent import parse_action
 from solver.reward import hit_at_k, hit_cutoffs
-from solver.scoring import cover_em, exact_match, f1
 
 ROUND = 4  # digits kept in metrics (predictions keep full precision)
 TABLE_SCORES = ("em", "f1", "cover_em")  # shown x100 in tables

@@ -10,12 +10,20 @@ from contextlib import contextmanager
 from dataclasses import dataclass, field
 from typing import Any, Iterator
 
-from coevo.config import CoevoConfig
-from coevo.engine import SamplingParams
-from coevo.grpo import group_advantages
-from coevo.records import candidate_record, step_metrics
-from proposer.pipeline import (Candidate, assign_proposer_rewards, attach_paths, check_questions, check_targets,
-                               propose_questions, propose_targets, proposer_sequences)
+from coevo.core.config import CoevoConfig
+from coevo.core.grpo import group_advantages
+from coevo.core.types import SamplingParams
+from coevo.orchestrate.records import candidate_record, step_metrics
+from proposer.pipeline import (
+    Candidate,
+    assign_proposer_rewards,
+    attach_paths,
+    check_questions,
+    check_targets,
+    propose_questions,
+    propose_targets,
+    proposer_sequences,
+)
 from solver.agent import Task, run_episodes
 from solver.ranker import SearchTool, build_ranker
 from solver.training import ranker_sequences, score_ranker, score_solver, solver_sequences

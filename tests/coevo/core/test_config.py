@@ -1,7 +1,7 @@
 """Hydra config: presets, typed schema, errors naming the key and the valid choices."""
 import pytest
 
-from coevo.config import compose, to_object
+from coevo.core.config import compose, to_object
 
 
 def test_default_and_presets():

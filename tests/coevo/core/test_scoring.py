@@ -1,8 +1,9 @@
 """Answer normalization and metrics against hand-computed cases (SPEC §5.4)."""
 import pytest
-from hypothesis import given, strategies as st
+from hypothesis import given
+from hypothesis import strategies as st
 
-from solver.scoring import contains_answer, cover_em, exact_match, f1, normalize_answer, token_f1
+from coevo.core.scoring import contains_answer, cover_em, exact_match, f1, normalize_answer, token_f1
 
 
 @pytest.mark.parametrize("text,expected", [

@@ -11,7 +11,7 @@ import math
 from pathlib import Path
 from typing import Any, Iterable, Optional
 
-from coevo.io import append_jsonl, atomic_write_jsonl, atomic_write_text
+from coevo.core.io import append_jsonl, atomic_write_jsonl, atomic_write_text
 
 
 def dump_path(run_dir: Path, step: int) -> Path:
@@ -113,7 +113,7 @@ def write_config(run_dir: Path, yaml_text: str, name: str = "config.yaml") -> No
 def load_reference_questions(path: Optional[str]) -> list[str]:
     """Reference questions: text (one per line) or JSONL with `question`; default: bundled set."""
     if path is None:
-        path = str(Path(__file__).resolve().parent.parent / "proposer" / "data" / "reference_questions.txt")
+        path = str(Path(__file__).resolve().parent.parent.parent / "proposer" / "data" / "reference_questions.txt")
     p = Path(path).expanduser()
     if not p.exists():
         raise FileNotFoundError(f"run.reference_questions: file {p} does not exist")

@@ -1,0 +1,364 @@
+"""Evaluation harness behind `python -m coevo.eval`: EM / F1 / cover-EM of a solver on QA benchmarks (SPEC §6, issue 7).
+
+    python -m coevo.eval solver=smollm2-135m data=../shared/data/benchmarks/dev.jsonl mode=rag out=rag.json
+    python -m coevo.eval mode=agent ranker.mode=frozen limit=25          # per-dataset limit
+    python -m coevo.eval solver.checkpoint=<run>/checkpoints/step_9/solver \
+        ranker.mode=trainable ranker.checkpoint=<run>/checkpoints/step_9/ranker
+    python -m coevo.eval --compare a.json b.json                         # side by side, deltas B - A
+
+Config: `configs/eval.yaml` = the `coevo` root (solver/ranker/corpus/retrieval presets, typed
+by coevo/config.py) + the top-level eval keys of `EvalRootConfig` below. `ranker.mode`
+defaults to `none` here (retrieval only); a ranker runs only with `frozen`/`trainable`.
+
+Modes (generation is greedy unless `greedy=false`):
+- `direct`: the question alone; the model writes `<answer>…</answer>`.
+- `rag`: ONE search with the question through the solver's search tool (first-stage
+  top-N, then the ranker per `ranker.mode`, K documents) placed in the prompt.
+- `agent`: the solver's multi-turn search episode (`solver.agent.run_episodes`, one rollout).
+
+Model output is untrusted. In every mode the prediction is the content of a well-formed
+`<answer>` action as `solver.agent.parse_action` reads it (the same strict rule the agent's
+reward uses); anything else (no tags, unclosed tags, text after the answer, a search in
+direct/rag mode) is a format failure. With `untagged=empty` (default) a format failure
+predicts "" and scores 0; with `untagged=raw` it predicts the text of the model's last
+turn with the action tags removed (lenient, for models that ignore the tag format; the
+failure still counts in `format_failure`). The raw output stays in each record's `output`
+so it can be audited or re-scored.
+"""
+from __future__ import annotations
+
+import dataclasses
+import json
+import sys
+import time
+from dataclasses import dataclass, fields, is_dataclass
+from pathlib import Path
+from typing import Any, Optional, Sequence, Union, get_args, get_origin, get_type_hints
+
+from omegaconf import DictConfig, OmegaConf
+
+from coevo.core.config import CONFIG_DIR, CoevoConfig, compose, register_schema, validate_config
+from coevo.core.io import atomic_write_text
+from coevo.core.types import SamplingParams
+from coevo.evaluate.metrics import (
+    aggregate,
+    extract_answer,
+    make_stamp,
+    prediction_record,
+    search_record,
+    untagged_text,
+)
+from coevo.train.policy import Policy
+from evidence.corpus import corpus_source, load_corpus
+from evidence.retrieval import build_retriever
+from solver.agent import ANSWER_STOP, Episode, Task, run_episodes
+from solver.ranker import RankerCall, SearchRequest, SearchTool, build_ranker, format_documents, strip_eos
+
+MODES = ("direct", "rag", "agent")
+UNTAGGED = ("empty", "raw")
+
+SINGLE_TURN_SYSTEM = (
+    "You answer questions{context}. You may first reason inside <think> and </think>. Then write the "
+    "final answer, a few words only, inside <answer> and </answer>, for example <answer>Paris</answer>. "
+    "Write nothing after </answer>."
+)
+
+
+@dataclass
+class EvalRootConfig(CoevoConfig):
+    """Root config of `python -m coevo.eval`: the coevo root plus these top-level eval keys."""
+
+    data: str = "${oc.env:COEVO_SHARED_DATA,../shared/data}/benchmarks/dev.jsonl"  # JSONL questions
+    mode: str = "agent"  # direct | rag | agent
+    out: str = "runs/eval/${mode}-${now:%Y%m%d-%H%M%S}.json"  # result JSON (written atomically)
+    limit: Optional[int] = None  # first `limit` questions of EACH dataset (None: all)
+    batch_size: int = 16  # prompts per generate call (direct/rag: length-sorted; agent: episodes in lockstep)
+    greedy: bool = True  # temperature 0; false samples with the solver's temperature/top_p and `seed`
+    untagged: str = "empty"  # a format failure predicts: empty ("", scores 0) | raw (its text, tags removed)
+
+
+def register_eval_schema() -> None:
+    """Make `coevo_schema` and `eval_schema` available to Hydra's defaults lists."""
+    from hydra.core.config_store import ConfigStore
+
+    register_schema()
+    ConfigStore.instance().store(name="eval_schema", node=EvalRootConfig)
+
+
+def _field_type(hint: Any) -> Any:
+    """The dataclass inside Optional[...] (or the hint itself)."""
+    if get_origin(hint) is Union:
+        inner = [a for a in get_args(hint) if a is not type(None)]
+        return inner[0] if len(inner) == 1 else hint
+    return hint
+
+
+def check_override_keys(overrides: Sequence[str]) -> None:
+    """Fail on an override whose key is not in the schema, naming it and listing the valid keys.
+
+    Hydra rejects such keys too, but without the list of choices; group names that are not
+    schema keys (e.g. `experiment`) and `hydra.*` / `+key` / `~key` overrides pass through.
+    """
+    groups = {p.name for p in Path(CONFIG_DIR).iterdir() if p.is_dir()}
+    for item in overrides:
+        key = item.split("=", 1)[0]
+        if "=" not in item or item.startswith(("-", "+", "~", "hydra")) or "@" in key or "/" in key:
+            continue
+        if key in groups:
+            continue
+        node: Any = EvalRootConfig
+        parts = key.split(".")
+        for depth, part in enumerate(parts):
+            where = ".".join(parts[:depth]) or "the root"
+            if not is_dataclass(node):
+                raise ValueError(f"unknown config key {key!r}: {where} has no sub-keys")
+            names = [f.name for f in fields(node)]
+            if part not in names:
+                raise ValueError(f"unknown config key {key!r}: {part!r} is not a key of {where}; "
+                                 f"expected one of {names}")
+            node = _field_type(get_type_hints(node)[part])
+
+
+def validate_eval(cfg: EvalRootConfig) -> None:
+    """Check the eval keys (and the coevo ones), naming the key and the valid choices on failure."""
+    validate_config(cfg)
+    if cfg.mode not in MODES:
+        raise ValueError(f"config key mode={cfg.mode!r} is not valid; expected one of {list(MODES)}")
+    if cfg.untagged not in UNTAGGED:
+        raise ValueError(f"config key untagged={cfg.untagged!r} is not valid; expected one of {list(UNTAGGED)}")
+    if cfg.batch_size < 1:
+        raise ValueError(f"config key batch_size={cfg.batch_size} must be >= 1")
+    if cfg.limit is not None and cfg.limit < 1:
+        raise ValueError(f"config key limit={cfg.limit} must be >= 1 (or null for all questions)")
+    if not Path(cfg.data).is_file():
+        raise FileNotFoundError(f"config key data={cfg.data!r}: no such file")
+    if cfg.mode != "direct" and cfg.ranker.checkpoint and cfg.ranker.mode in ("none", "oracle"):
+        raise ValueError(f"ranker.checkpoint is set but ranker.mode={cfg.ranker.mode} uses no ranker model; "
+                         "set ranker.mode=trainable (or frozen) to evaluate that ranker")
+
+
+def to_eval_object(dcfg: DictConfig) -> EvalRootConfig:
+    """Typed, validated config (interpolations resolved)."""
+    obj = OmegaConf.to_object(OmegaConf.merge(OmegaConf.structured(EvalRootConfig), dcfg))
+    assert isinstance(obj, EvalRootConfig)
+    validate_eval(obj)
+    return obj
+
+
+def compose_eval(overrides: Sequence[str] = ()) -> EvalRootConfig:
+    """`configs/eval.yaml` + overrides, typed and validated (tests, notebooks)."""
+    check_override_keys(overrides)
+    register_eval_schema()
+    return to_eval_object(compose(list(overrides), config_name="eval"))
+
+
+# ---- questions ------------------------------------------------------------------------------
+
+@dataclass
+class EvalQuestion:
+    """One labelled question; `task.evidence_ids` holds its gold passage ids (may be empty)."""
+
+    task: Task
+    dataset: str
+
+
+def _question_from_record(rec: Any, where: str, default_dataset: str) -> EvalQuestion:
+    if not isinstance(rec, dict):
+        raise ValueError(f"{where}: expected a JSON object")
+    question, answers = rec.get("question"), rec.get("answers", rec.get("answer"))
+    answers = [answers] if isinstance(answers, str) else answers
+    if not isinstance(question, str) or not question.strip():
+        raise ValueError(f"{where}: 'question' must be a non-empty string")
+    if not isinstance(answers, list) or not answers or not all(isinstance(a, str) for a in answers):
+        raise ValueError(f"{where}: 'answers' must be a non-empty list of strings")
+    gold_ids = rec.get("gold_ids") or []
+    if not isinstance(gold_ids, list):
+        raise ValueError(f"{where}: 'gold_ids' must be a list of passage ids")
+    dataset = str(rec.get("dataset") or default_dataset)
+    qid = str(rec.get("id") or f"{dataset}-{where.rsplit(':', 1)[1]}")
+    return EvalQuestion(Task(qid, question, list(answers), [str(g) for g in gold_ids]), dataset)
+
+
+def load_questions(path: str | Path, limit: Optional[int] = None) -> list[EvalQuestion]:
+    """Questions from JSONL (`question`, `answers`, optional `id`, `dataset`, `gold_ids`).
+
+    `limit` keeps the first `limit` questions of each dataset (file order). A record without
+    `dataset` belongs to a dataset named after the file. Ids must be unique.
+    """
+    path = Path(path)
+    per_dataset: dict[str, int] = {}
+    seen: set[str] = set()
+    questions = []
+    with open(path, encoding="utf-8") as f:
+        for line_no, line in enumerate(f, 1):
+            if not line.strip():
+                continue
+            try:
+                rec = json.loads(line)
+            except json.JSONDecodeError as e:
+                raise ValueError(f"{path}:{line_no}: malformed JSON ({e.msg})") from None
+            q = _question_from_record(rec, f"{path}:{line_no}", path.name.split(".")[0])
+            if q.task.id in seen:
+                raise ValueError(f"{path}:{line_no}: duplicate question id {q.task.id!r}")
+            seen.add(q.task.id)
+            if limit is None or per_dataset.get(q.dataset, 0) < limit:
+                per_dataset[q.dataset] = per_dataset.get(q.dataset, 0) + 1
+                questions.append(q)
+    if not questions:
+        raise ValueError(f"{path}: no questions")
+    return questions
+
+
+# ---- the stack and the three modes ----------------------------------------------------------
+
+@dataclass
+class EvalStack:
+    """What the modes run on: the solver policy and (rag/agent) its search tool."""
+
+    solver: Any  # coevo.train.policy.Policy or anything with chat_prompt_ids / generate / tokenizer
+    tool: Optional[SearchTool] = None
+    corpus: Any = None  # evidence.corpus.Corpus (for the stamp)
+
+
+def build_eval_stack(cfg: EvalRootConfig) -> EvalStack:
+    """Load the solver (frozen: no optimizer or reference copy) and, unless direct, corpus + tool."""
+
+    solver = Policy.from_config(dataclasses.replace(cfg.solver, frozen=True), "solver")
+    if cfg.mode == "direct":
+        return EvalStack(solver)
+    corpus = load_corpus(corpus_source(cfg.corpus))
+    retriever = build_retriever(corpus, cfg.retrieval.backend, cfg.retrieval.cache_dir)
+    ranker_cfg = ranker_eval_config(cfg)
+    ranker = build_ranker(ranker_cfg, solver, lambda: Policy.from_config(ranker_cfg, "ranker"))
+    return EvalStack(solver, SearchTool(retriever, ranker, ranker_cfg), corpus)
+
+
+def ranker_eval_config(cfg: EvalRootConfig) -> Any:
+    """The ranker config as evaluated: frozen, and greedy when the solver is."""
+    temperature = 0.0 if cfg.greedy else cfg.ranker.temperature
+    return dataclasses.replace(cfg.ranker, frozen=True, temperature=temperature)
+
+
+def single_turn_messages(question: str, documents: Optional[Sequence[Any]] = None) -> list[dict]:
+    """Chat messages of a direct (no documents) or rag (documents in the prompt) question."""
+    context = "" if documents is None else " using the documents given with the question"
+    user = f"Question: {question}"
+    if documents is not None:
+        user = f"Documents:\n{format_documents(documents)}\n\n{user}"
+    return [{"role": "system", "content": SINGLE_TURN_SYSTEM.format(context=context)},
+            {"role": "user", "content": user}]
+
+
+def _search_of(call: RankerCall, observed: bool) -> dict[str, Any]:
+    return search_record(call.sub_query, call.candidate_ids, call.chosen_ids, observed, call.format_ok)
+
+
+def _progress(mode: str, done: int, total: int, t0: float) -> None:
+    print(f"[eval {mode}] {done}/{total} questions, {time.perf_counter() - t0:.0f}s", file=sys.stderr, flush=True)
+
+
+def _single_turn_prompts(questions: Sequence[EvalQuestion], stack: EvalStack, mode: str,
+                         batch_size: int) -> tuple[list[list[int]], list[list[dict[str, Any]]]]:
+    """Prompt ids and search records of direct (no search) or rag (one batched search per batch)."""
+    documents: list[Optional[list[Any]]] = [None] * len(questions)
+    searches: list[list[dict[str, Any]]] = [[] for _ in questions]
+    if mode == "rag":
+        assert stack.tool is not None
+        for start in range(0, len(questions), batch_size):
+            requests = [SearchRequest(q.task.question, q.task.question, q.task.answers, q.task.evidence_ids,
+                                      q.task.id, 0, 0) for q in questions[start:start + batch_size]]
+            for i, result in enumerate(stack.tool.search(requests), start):
+                documents[i], searches[i] = list(result.passages), [_search_of(result.call, observed=True)]
+    prompts = [stack.solver.chat_prompt_ids(single_turn_messages(q.task.question, docs))
+               for q, docs in zip(questions, documents)]
+    return prompts, searches
+
+
+def run_single_turn(questions: Sequence[EvalQuestion], stack: EvalStack, mode: str, sampling: SamplingParams,
+                    batch_size: int, untagged: str = "empty") -> list[dict[str, Any]]:
+    """direct / rag: prompts for all questions, then generation in batches of similar prompt length.
+
+    Batches are cut from the length-sorted prompts because a batch is padded to its longest
+    prompt, and one long rag passage would otherwise multiply the prefill cost of a whole
+    batch. Greedy output does not depend on the batch, so this changes no prediction.
+    """
+    prompts, searches = _single_turn_prompts(questions, stack, mode, batch_size)
+    params = dataclasses.replace(sampling, stop=[ANSWER_STOP], n=1)
+    order = sorted(range(len(prompts)), key=lambda i: len(prompts[i]))
+    texts = [""] * len(prompts)
+    t0 = time.perf_counter()
+    for start in range(0, len(order), batch_size):
+        chunk = order[start:start + batch_size]
+        for i, completions in zip(chunk, stack.solver.generate([prompts[i] for i in chunk], params)):
+            texts[i] = completions[0].text
+        _progress(mode, min(start + batch_size, len(order)), len(order), t0)
+    records = []
+    for q, text, search in zip(questions, texts, searches):
+        prediction, reason = extract_answer(strip_eos(text, stack.solver.tokenizer), untagged)
+        records.append(prediction_record(q.task.id, q.dataset, q.task.question, q.task.answers, prediction,
+                                          reason == "answer", reason, text, search, q.task.evidence_ids))
+    return records
+
+
+def _observed(ep: Episode, index: int) -> bool:
+    """Whether the solver read the documents of its `index`-th search.
+
+    The agent ends an episode with `token_budget`, without appending the documents, when
+    they do not fit; that can only be the search of the episode's last turn.
+    """
+    call = ep.ranker_calls[index]
+    last = index == len(ep.ranker_calls) - 1
+    return not (last and ep.end_reason == "token_budget" and call.turn == ep.n_turns - 1)
+
+
+def last_turn_text(ep: Episode, tokenizer: Any) -> str:
+    """Decoded text of the episode's last generated turn ("" when an observation ends it)."""
+    start = len(ep.loss_mask)
+    while start > ep.prompt_len and ep.loss_mask[start - 1] == 1:
+        start -= 1
+    return tokenizer.decode(ep.token_ids[start:], skip_special_tokens=True)
+
+
+def run_agent(batch: Sequence[EvalQuestion], stack: EvalStack, solver_cfg: Any, sampling: SamplingParams,
+              untagged: str = "empty") -> list[dict[str, Any]]:
+    """One multi-turn episode per question (lockstep over the batch); records."""
+    assert stack.tool is not None
+    episodes = run_episodes(stack.solver, [q.task for q in batch], stack.tool, solver_cfg, sampling=sampling,
+                            group_size=1)
+    records = []
+    for q, ep in zip(batch, episodes):
+        searches = [_search_of(call, _observed(ep, i)) for i, call in enumerate(ep.ranker_calls)]
+        transcript = stack.solver.tokenizer.decode(ep.token_ids[ep.prompt_len:])
+        prediction = ep.answer if ep.format_ok and ep.answer else ""
+        if not ep.format_ok and untagged == "raw":
+            prediction = untagged_text(last_turn_text(ep, stack.solver.tokenizer))
+        records.append(prediction_record(q.task.id, q.dataset, q.task.question, q.task.answers, prediction,
+                                          ep.format_ok, ep.end_reason, transcript, searches, q.task.evidence_ids))
+    return records
+
+
+def predict(questions: Sequence[EvalQuestion], stack: EvalStack, cfg: EvalRootConfig) -> list[dict[str, Any]]:
+    """Prediction records of all questions in `cfg.mode`, in file order (progress on stderr)."""
+    sampling = stack.solver.sampling_from_config(greedy=cfg.greedy, seed=cfg.seed)
+    if cfg.mode != "agent":
+        return run_single_turn(questions, stack, cfg.mode, sampling, cfg.batch_size, cfg.untagged)
+    records: list[dict[str, Any]] = []
+    t0 = time.perf_counter()
+    for start in range(0, len(questions), cfg.batch_size):
+        records += run_agent(questions[start:start + cfg.batch_size], stack, cfg.solver, sampling, cfg.untagged)
+        _progress(cfg.mode, len(records), len(questions), t0)
+    return records
+
+
+# ---- stamp, result file, entry points -------------------------------------------------------
+
+def run_eval(cfg: EvalRootConfig, stack: Optional[EvalStack] = None) -> dict[str, Any]:
+    """Load (unless given a stack), predict, aggregate, stamp, write `cfg.out`; the result dict."""
+    t0 = time.perf_counter()
+    questions = load_questions(cfg.data, cfg.limit)
+    stack = stack or build_eval_stack(cfg)
+    records = predict(questions, stack, cfg)
+    stamp = make_stamp(cfg, stack.corpus, len(records), time.perf_counter() - t0)
+    result = {"stamp": stamp, "metrics": aggregate(records, stamp["K"], cfg.mode), "predictions": records}
+    atomic_write_text(cfg.out, json.dumps(result, indent=1, ensure_ascii=False) + "\n")
+    return result

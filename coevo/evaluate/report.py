@@ -1,0 +1,157 @@
+"""Run inspection behind `python -m coevo.inspect <run_dir>`: audit a run's curriculum from its dumps (SPEC §6).
+
+Terminal summary: acceptance per stage with reason-code counts, accuracy (difficulty) and
+hop histograms, searches per solved task, reward trends, example tasks. Filters: --step,
+--verdict, --reason, --hops. `--html out.html` writes a self-contained report with plots.
+Reads runs that are still going or were killed (torn last lines are skipped).
+"""
+from __future__ import annotations
+
+import base64
+import html
+import io
+from collections import Counter
+from pathlib import Path
+from typing import Any, Optional
+
+from coevo.core.io import atomic_write_text
+from coevo.orchestrate.outputs import read_jsonl
+
+
+def load_run(run_dir: Path, step: Optional[int] = None) -> tuple[list[dict], list[dict]]:
+    """(task records with their step, metrics lines) of a run directory."""
+    run_dir = Path(run_dir)
+    if not run_dir.is_dir():
+        raise FileNotFoundError(f"run directory {run_dir} does not exist")
+    records = []
+    for f in sorted((run_dir / "tasks").glob("step_*.jsonl"), key=lambda p: int(p.stem.split("_")[1])):
+        n = int(f.stem.split("_")[1])
+        if step is None or n == step:
+            records += [{**r, "step": n} for r in read_jsonl(f)]
+    metrics_path = run_dir / "metrics.jsonl"
+    metrics = read_jsonl(metrics_path) if metrics_path.exists() else []
+    return records, metrics
+
+
+def hop_count(rec: dict) -> Optional[int]:
+    path = rec.get("evidence_path") or {}
+    return len(path.get("hops", [])) if path else None
+
+
+def filter_records(records: list[dict], verdict: Optional[str] = None, reason: Optional[str] = None,
+                   hops: Optional[int] = None) -> list[dict]:
+    """verdict: accepted | rejected; reason: a reason code; hops: evidence-path length."""
+    out = records
+    if verdict == "accepted":
+        out = [r for r in out if r.get("accepted")]
+    elif verdict == "rejected":
+        out = [r for r in out if not r.get("accepted")]
+    if reason:
+        out = [r for r in out if r.get("reason") == reason]
+    if hops is not None:
+        out = [r for r in out if hop_count(r) == hops]
+    return out
+
+
+def summarize(records: list[dict]) -> dict[str, Any]:
+    """Counts and histograms shown in the terminal and the HTML report."""
+    n = len(records)
+    stages = Counter(r.get("stage", "?") for r in records)
+    reasons = Counter(r.get("reason", "?") for r in records if not r.get("accepted"))
+    accepted = [r for r in records if r.get("accepted")]
+    acc_hist = Counter(round(r["accuracy"], 2) for r in accepted if r.get("accuracy") is not None)
+    hop_hist = Counter(h for r in records if (h := hop_count(r)) is not None)
+    solved_searches = [ro.get("searches", 0) for r in accepted for ro in r.get("rollouts", []) if ro.get("correct", 0) > 0]
+    return {
+        "candidates": n,
+        "target_valid": sum(1 for r in records if (r.get("target_verdict") or {}).get("ok")),
+        "with_path": sum(1 for r in records if r.get("evidence_path")),
+        "accepted": len(accepted),
+        "stage_counts": dict(stages),
+        "reason_counts": dict(reasons.most_common()),
+        "accuracy_hist": dict(sorted(acc_hist.items())),
+        "hop_hist": dict(sorted(hop_hist.items())),
+        "mean_searches_solved": sum(solved_searches) / len(solved_searches) if solved_searches else None,
+    }
+
+
+def _pct(a: int, b: int) -> str:
+    return f"{a}/{b} ({100 * a / b:.1f}%)" if b else f"{a}/0"
+
+
+def format_summary(summary: dict[str, Any], metrics: list[dict], examples: list[dict]) -> str:
+    """Plain-text tables for the terminal."""
+    n = summary["candidates"]
+    lines = ["== acceptance by stage ==",
+             f"  target valid    {_pct(summary['target_valid'], n)}",
+             f"  evidence path   {_pct(summary['with_path'], n)}",
+             f"  task accepted   {_pct(summary['accepted'], n)}",
+             "== rejection reasons =="]
+    lines += [f"  {k:<28} {v}" for k, v in summary["reason_counts"].items()] or ["  (none)"]
+    lines.append("== solver accuracy on accepted tasks (difficulty) ==")
+    lines += [f"  p={k:<5} {'#' * v} {v}" for k, v in summary["accuracy_hist"].items()] or ["  (none)"]
+    lines.append("== evidence-path hops ==")
+    lines += [f"  {k} hops  {v}" for k, v in summary["hop_hist"].items()] or ["  (none)"]
+    ms = summary["mean_searches_solved"]
+    lines.append(f"== searches per solved rollout: {ms:.2f}" if ms is not None else "== searches per solved rollout: n/a")
+    if metrics:
+        lines.append("== reward trends (per step) ==")
+        lines.append("  step  proposer  solver  ranker  acceptance")
+        for m in metrics:
+            r = m.get("reward", {})
+            lines.append(f"  {m.get('step'):>4}  {_fmt(r.get('proposer'))}  {_fmt(r.get('solver'))}  "
+                         f"{_fmt(r.get('ranker'))}  {_fmt(m.get('acceptance', {}).get('task'))}")
+    lines.append("== examples ==")
+    for r in examples:
+        lines.append(f"  [step {r.get('step')}] {r.get('reason')}: target={r.get('target')!r} "
+                     f"question={r.get('question')!r} accuracy={r.get('accuracy')}")
+    return "\n".join(lines)
+
+
+def _fmt(x: Any) -> str:
+    return f"{x:8.3f}" if isinstance(x, (int, float)) else f"{'-':>8}"
+
+
+def _plot_png(metrics: list[dict]) -> str:
+    """Base64 PNG of rewards and acceptance over steps (empty string without metrics)."""
+    if not metrics:
+        return ""
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    steps = [m.get("step") for m in metrics]
+    fig, axes = plt.subplots(1, 2, figsize=(10, 3.5))
+    for role in ("proposer", "solver", "ranker"):
+        axes[0].plot(steps, [m.get("reward", {}).get(role) for m in metrics], marker="o", label=role)
+    axes[0].set_title("mean reward")
+    axes[0].legend()
+    for key in ("target", "path", "task"):
+        axes[1].plot(steps, [m.get("acceptance", {}).get(key) for m in metrics], marker="o", label=key)
+    axes[1].set_title("acceptance rate by stage")
+    axes[1].legend()
+    for ax in axes:
+        ax.set_xlabel("step")
+    buf = io.BytesIO()
+    fig.tight_layout()
+    fig.savefig(buf, format="png")
+    plt.close(fig)
+    return base64.b64encode(buf.getvalue()).decode()
+
+
+def write_html(out: Path, run_dir: Path, text: str, metrics: list[dict], records: list[dict]) -> None:
+    """Self-contained HTML: summary text, an inline plot, and a table of tasks."""
+
+    png = _plot_png(metrics)
+    rows = "".join(
+        f"<tr><td>{r.get('step')}</td><td>{html.escape(str(r.get('reference')))}</td>"
+        f"<td>{html.escape(str(r.get('target')))}</td><td>{html.escape(str(r.get('question')))}</td>"
+        f"<td>{html.escape(str(r.get('reason')))}</td><td>{r.get('accuracy')}</td><td>{hop_count(r)}</td></tr>"
+        for r in records[:500])
+    img = f'<img src="data:image/png;base64,{png}"/>' if png else "<p>no metrics yet</p>"
+    page = (f"<html><head><meta charset='utf-8'><title>coevo run {html.escape(str(run_dir))}</title></head><body>"
+            f"<h1>coevo run {html.escape(str(run_dir))}</h1>{img}<pre>{html.escape(text)}</pre>"
+            "<table border=1><tr><th>step</th><th>reference</th><th>target</th><th>question</th>"
+            f"<th>reason</th><th>accuracy</th><th>hops</th></tr>{rows}</table></body></html>")
+    atomic_write_text(out, page)

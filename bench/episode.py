@@ -33,19 +33,14 @@ import torch  # noqa: E402
 
 from coevo.core.config import compose  # noqa: E402
 from coevo.core.types import SamplingParams  # noqa: E402
+from coevo.orchestrate.actors import create_local_actors  # noqa: E402
+from coevo.orchestrate.loop import role_batches, solve_tasks  # noqa: E402
 from coevo.orchestrate.solve import (  # noqa: E402
     SolveRootConfig,
-    SolveStack,
-    build_stack,
     load_tasks,
-    ranker_sequences,
-    register_solve_schema,
     rollout_metrics,
-    score_episodes,
-    solver_sequences,
     to_solve_object,
 )
-from solver.agent import run_episodes  # noqa: E402
 
 
 class TimedGenerate:
@@ -67,7 +62,6 @@ class TimedGenerate:
 
 
 def bench_config(args: argparse.Namespace) -> SolveRootConfig:
-    register_solve_schema()
     overrides = ["solver=smollm2-135m", "ranker=smollm2-135m", "corpus=wiki_mini", "solver.group_size=4",
                  "ranker.n_candidates=10", "ranker.top_k=3", "solver.max_searches=3",
                  f"solver.max_new_tokens={args.max_new_tokens}", f"ranker.max_new_tokens={args.max_new_tokens}",
@@ -92,26 +86,25 @@ def main() -> None:
     cfg = bench_config(args)
     torch.manual_seed(cfg.seed)
     tasks = load_tasks(cfg.solve.data, cfg.solve.limit)
-    stack: SolveStack = build_stack(cfg)
-    timers = [TimedGenerate(stack.solver, "solver"), TimedGenerate(stack.ranker_policy, "ranker")]
+    actors = create_local_actors(cfg, with_proposer=False)
+    timers = [TimedGenerate(actors.solver, "solver"), TimedGenerate(actors.ranker, "ranker")]
     t0 = time.perf_counter()
-    episodes = run_episodes(stack.solver, tasks, stack.tool, cfg.solver)
+    episodes, groups, _ = solve_tasks(tasks, actors, cfg, cfg.seed)  # rollouts + rewards (scoring is ~free)
     episode_batch_s = time.perf_counter() - t0
-    groups = score_episodes(episodes, cfg)
     metrics = rollout_metrics(episodes, groups, cfg.ranker.top_k)
-    solver_batch, _ = solver_sequences(episodes, cfg.solver.scale_std)
-    ranker_batch, _ = ranker_sequences(groups, cfg.ranker.scale_std)
-    update_s = {"solver": timed_update(stack.solver, solver_batch),
-                "ranker": timed_update(stack.ranker_policy, ranker_batch)}
+    batches = role_batches(cfg, ("solver", "ranker"), [], episodes, groups)
+    update_s = {role: timed_update(actors.trainable[role], batch) for role, (batch, _) in batches.items()}
     gen_s, gen_tokens = sum(t.seconds for t in timers), sum(t.tokens for t in timers)
-    result = {key: metrics[key] for key in ("solver_format_valid", "ranker_format_valid", "mean_searches", "em",
-                                            "f1")}
+    solver, ranker = metrics["solver"], metrics["ranker"]
+    result = {"solver_format_valid": solver["format_valid"], "ranker_format_valid": ranker["format_valid"],
+              "mean_searches": solver["mean_searches"], "em": solver["em"], "f1": solver["f1"]}
     result.update(gen_tokens_per_s=round(gen_tokens / gen_s, 1) if gen_s else None,
-                  episode_batch_s=round(episode_batch_s, 1), ranker_grouped_share=metrics["ranker_grouped_share"],
+                  episode_batch_s=round(episode_batch_s, 1), ranker_grouped_share=ranker["grouped_share"],
                   update_s=update_s)
-    print(json.dumps({"diagnostics": {k: metrics[k] for k in ("end_reasons", "ranker_calls", "ranker_groups",
-                                                               "gen_tokens_solver", "gen_tokens_ranker")},
-                      "train_seqs": {"solver": len(solver_batch), "ranker": len(ranker_batch)},
+    print(json.dumps({"diagnostics": {"end_reasons": solver["end_reasons"], "ranker_calls": ranker["calls"],
+                                      "ranker_groups": ranker["groups"], "gen_tokens_solver": solver["gen_tokens"],
+                                      "gen_tokens_ranker": ranker["gen_tokens"]},
+                      "train_seqs": {role: len(batch) for role, (batch, _) in batches.items()},
                       "gen_s": round(gen_s, 1), "loadavg_1_5_15": os.getloadavg()}), file=sys.stderr)
     print(json.dumps(result), flush=True)
 

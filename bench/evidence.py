@@ -32,7 +32,8 @@ sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
 import networkx as nx  # noqa: E402
 
-from coevo.core.types import EvidencePath
+from coevo.core.io import read_jsonl  # noqa: E402
+from coevo.core.types import EvidencePath  # noqa: E402
 from evidence.corpus import Corpus, load_corpus, shared_data_dir  # noqa: E402
 from evidence.entities import EntityIndex, build_entity_index  # noqa: E402
 from evidence.graph import build_graph, resolve_node  # noqa: E402
@@ -48,7 +49,7 @@ def log(*parts: object) -> None:
 
 def dev_questions() -> list[dict]:
     path = shared_data_dir() / "wiki_mini" / "questions_dev.jsonl"
-    return [json.loads(line) for line in path.open(encoding="utf-8") if line.strip()]
+    return read_jsonl(path)
 
 
 def pick_targets(corpus: Corpus, n: int, answers: list[str]) -> list[str]:

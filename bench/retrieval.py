@@ -15,19 +15,21 @@ from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
+from coevo.core.io import read_jsonl  # noqa: E402
+from coevo.core.stats import mean  # noqa: E402
 from evidence.corpus import load_corpus, shared_data_dir  # noqa: E402
-from evidence.retrieval import build_retriever  # noqa: E402
+from evidence.retrieval import Hit, Retriever, build_retriever  # noqa: E402
 
 KS = (1, 5, 10, 50)
 
 
 def load_dev_questions(limit: int | None) -> list[dict]:
     path = shared_data_dir() / "wiki_mini" / "questions_dev.jsonl"
-    rows = [json.loads(line) for line in path.open(encoding="utf-8") if line.strip()]
+    rows = read_jsonl(path)
     return rows[:limit] if limit else rows
 
 
-def recall_at_k(results, questions, any_gold: bool = False) -> dict[str, float]:
+def recall_at_k(results: list[list[Hit]], questions: list[dict], any_gold: bool = False) -> dict[str, float | None]:
     """Share of a question's gold passages in the top k, averaged over questions.
 
     With `any_gold`, the share of questions with at least one gold passage in the top k
@@ -41,11 +43,12 @@ def recall_at_k(results, questions, any_gold: bool = False) -> dict[str, float]:
             if g.get("gold_ids"):
                 found = len(set(g["gold_ids"]) & {h.passage_id for h in hits[:k]})
                 per_q.append(float(found > 0) if any_gold else found / len(g["gold_ids"]))
-        out[str(k)] = round(sum(per_q) / len(per_q), 4)
+        m = mean(per_q)
+        out[str(k)] = None if m is None else round(m, 4)
     return out
 
 
-def timed_search(retriever, queries: list[str], k: int) -> tuple[list, float]:
+def timed_search(retriever: Retriever, queries: list[str], k: int) -> tuple[list, float]:
     t0 = time.perf_counter()
     res = retriever.search(queries, k)
     return res, len(queries) / (time.perf_counter() - t0)

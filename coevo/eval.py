@@ -11,10 +11,11 @@ from typing import Optional
 import hydra
 from omegaconf import DictConfig
 
-from coevo.evaluate.harness import check_override_keys, register_eval_schema, run_eval, to_eval_object
+from coevo.core.config import register_schema
+from coevo.evaluate.harness import check_override_keys, run_eval, to_eval_object
 from coevo.evaluate.metrics import compare_files, format_table, result_title
 
-register_eval_schema()
+register_schema()
 
 
 @hydra.main(config_path="../configs", config_name="eval", version_base="1.3")

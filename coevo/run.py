@@ -16,7 +16,7 @@ from omegaconf import DictConfig, OmegaConf
 
 from coevo.core.config import CoevoConfig, register_schema, to_object
 from coevo.orchestrate.actors import ActorFailure, create_actors, create_local_actors
-from coevo.orchestrate.loop import coevolution_step
+from coevo.orchestrate.loop import coevolution_step, step_seed
 from coevo.orchestrate.outputs import (
     MetricsLog,
     drop_dumps_after,
@@ -28,11 +28,6 @@ from coevo.orchestrate.stack import format_summary, load_stack_summary
 from coevo.train.checkpoint import latest_checkpoint, prune_checkpoints, read_state, restore_rng, save_checkpoint
 
 register_schema()
-
-
-def step_seed(seed: int, step: int) -> int:
-    """Sampling seed of one step: a resumed step samples exactly what the original would have."""
-    return (seed * 1_000_003 + step * 7919) % (2**31 - 1)
 
 
 def next_references(questions: list[str], cursor: int, n: int) -> tuple[list[tuple[int, str]], int]:

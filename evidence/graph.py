@@ -29,7 +29,7 @@ from typing import Any, Iterable, Optional
 import networkx as nx
 
 from evidence.entities import EntityIndex
-from evidence.mentions import TOPIC_PRONOUNS, Mention, normalize_entity, strip_disambiguator, title_key
+from evidence.mentions import TOPIC_PRONOUNS, Mention, normalize_entity, stopwords, strip_disambiguator, title_key
 
 RELATION, CO_MENTION = "relation", "co_mention"
 CUE_RANK = {RELATION: 1, CO_MENTION: 0}
@@ -269,9 +269,8 @@ def is_alias(a: str, b: str) -> bool:
 
 
 def _content(tokens: list[str]) -> set[str]:
-    from bm25s.stopwords import STOPWORDS_EN
-
-    return {t for t in tokens if t not in STOPWORDS_EN}
+    stop = stopwords()
+    return {t for t in tokens if t not in stop}
 
 
 _ACRONYM_SKIP = frozenset({"of", "and", "for", "in", "on", "de", "to"})

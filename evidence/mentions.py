@@ -30,6 +30,18 @@ VALUE_LABELS = frozenset({"CARDINAL", "MONEY", "PERCENT", "QUANTITY", "TIME"})
 TOPIC_PRONOUNS = {"he": "PERSON", "she": "PERSON", "it": "", "its": ""}
 
 _POSSESSIVE = re.compile(r"(?<=\w)['’]s\b", re.UNICODE)
+
+
+@lru_cache(maxsize=1)
+def stopwords() -> frozenset[str]:
+    """English stopwords of BM25 tokenization, target validation and the evidence graph.
+
+    bm25s's list: the BM25 index cache key (retrieval.TOKENIZER_VERSION) assumes this very
+    list. Imported on first use because importing bm25s costs about a second (scipy).
+    """
+    from bm25s.stopwords import STOPWORDS_EN
+
+    return frozenset(STOPWORDS_EN)
 _DISAMBIGUATOR = re.compile(r"\s*\([^()]*\)\s*$")
 
 

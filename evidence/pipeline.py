@@ -63,7 +63,7 @@ class EvidencePipeline:
                 for t, seed in zip(targets, seeds)]
 
     def validate_questions(self, questions: Sequence[Any], targets: Sequence[Any],
-                           paths: Sequence[Any]) -> list[Verdict]:
-        """One verdict per (question, target, path) triple; `paths` items may be dicts."""
+                           paths: Sequence[EvidencePath]) -> list[Verdict]:
+        """One verdict per (question, target, path) triple."""
         return [validate_question(q, t, p, self.cfg.max_question_chars)
                 for q, t, p in zip(questions, targets, paths)]

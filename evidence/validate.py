@@ -13,12 +13,10 @@ from __future__ import annotations
 import re
 from typing import Any, Optional
 
-from bm25s.stopwords import STOPWORDS_EN
-
 from coevo.core.scoring import contains_answer, normalize_answer, token_f1
 from coevo.core.types import EvidencePath, Verdict
 from evidence.entities import EntityIndex
-from evidence.mentions import ALLOWED_LABELS, normalize_entity, strip_disambiguator, title_key
+from evidence.mentions import ALLOWED_LABELS, normalize_entity, stopwords, strip_disambiguator, title_key
 
 COPY_F1 = 0.8  # a target this token-similar to the reference question is a copy of it
 ENTITY_COVERAGE = 0.6  # the entity-like span must cover this share of the target's tokens
@@ -119,7 +117,7 @@ def validate_target(target: Any, retriever: Any, index: EntityIndex, reference_q
 def _hops(path: Any) -> list[Any]:
     if isinstance(path, dict):
         try:
-            path = EvidencePath.from_dict(path)
+            path = EvidencePath.from_record(path)
         except ValueError:
             return []
     hops = getattr(path, "hops", None)
@@ -139,8 +137,9 @@ def distinctive_tokens(target: Any, other_entities: list[str] = ()) -> list[str]
     if len(tokens) < 2:
         return []
     shared = {t for e in other_entities for t in normalize_entity(e).split()}
+    stop = stopwords()
     return [t for t in dict.fromkeys(tokens)
-            if t not in STOPWORDS_EN and t not in GENERIC_TOKENS and t not in shared
+            if t not in stop and t not in GENERIC_TOKENS and t not in shared
             and (len(t) >= 3 or any(ch.isdigit() for ch in t))]
 
 

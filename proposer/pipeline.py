@@ -8,37 +8,40 @@ proxy in the loop, a local pipeline in tests).
 """
 from __future__ import annotations
 
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from typing import Any, Optional
 
+import torch
+
 from coevo.core.config import ProposerConfig
-from coevo.core.types import Completion, SamplingParams, TrainSequence
+from coevo.core.grpo import group_advantages
+from coevo.core.types import Completion, EvidencePath, SamplingParams, TrainSequence, Verdict
 from proposer.prompts import parse_question, parse_target, question_messages, target_messages
 from proposer.reward import proposer_reward
 
 TARGET_MAX_TOKENS = 48  # an entity name plus tags; longer outputs are cut and fail to parse
 QUESTION_MAX_TOKENS = 128
 TARGET_OPEN, QUESTION_OPEN = "<target>", "<question>"
+PENDING = Verdict(False, "pending")  # a stage not reached (yet)
 
 
 @dataclass
 class Candidate:
-    """One proposed task, from target to rewards; becomes one line of the task dump."""
+    """One proposed task, from target to rewards; becomes one line of the task dump (`to_record`)."""
 
     ref_index: int  # position of the reference question in the run's question list
     reference: str
     index: int  # position inside the reference question's group
     target_completion: Completion
     target: Optional[str] = None
-    target_verdict: dict = field(default_factory=lambda: {"ok": False, "reason": "pending"})
+    target_verdict: Verdict = PENDING
     paths_found: int = 0
-    path: Optional[dict] = None
+    path: Optional[EvidencePath] = None  # the first (best-ranked) certified path
     question_completion: Optional[Completion] = None
     question: Optional[str] = None
-    question_verdict: dict = field(default_factory=lambda: {"ok": False, "reason": "pending"})
+    question_verdict: Verdict = PENDING
     stage: str = "target"  # last stage reached: target | path | question | accepted
     reason: str = "pending"  # reason code of the rejection, "accepted" otherwise
-    rollouts: list[dict] = field(default_factory=list)
     accuracy: Optional[float] = None
     reward: Optional[float] = None
 
@@ -53,10 +56,29 @@ class Candidate:
     def accepted(self) -> bool:
         return self.reason == "accepted"
 
+    def to_record(self, task_id: Optional[str], rollouts: list[dict[str, Any]],
+                  timings: dict[str, float]) -> dict[str, Any]:
+        """One line of tasks/step_<n>.jsonl; the keys are documented in README "Outputs".
+
+        `rollouts` are the solver episodes' own records (`Episode.to_record`): the proposer
+        package never imports the solver's types.
+        """
+        question = self.question_completion
+        return {
+            "task_id": task_id, "reference_question": self.reference, "reference_index": self.ref_index,
+            "candidate": self.index, "target_output": TARGET_OPEN + self.target_completion.text,
+            "target": self.target, "target_verdict": self.target_verdict.to_record(), "paths_found": self.paths_found,
+            "evidence_path": self.path.to_record() if self.path is not None else None,
+            "question_output": QUESTION_OPEN + question.text if question is not None else None,
+            "question": self.question, "question_verdict": self.question_verdict.to_record(),
+            "stage": self.stage, "reason": self.reason, "accepted": self.accepted,
+            "accuracy": self.accuracy, "proposer_reward": self.reward, "rollouts": rollouts, "timings_s": timings,
+        }
+
 
 def _sampling(cfg: ProposerConfig, max_tokens: int, stop: str, seed: Optional[int], n: int) -> SamplingParams:
-    return SamplingParams(temperature=cfg.temperature, top_p=cfg.top_p, max_new_tokens=min(max_tokens, cfg.max_new_tokens),
-                          stop=[stop], n=n, seed=seed)
+    return SamplingParams(temperature=cfg.temperature, top_p=cfg.top_p,
+                          max_new_tokens=min(max_tokens, cfg.max_new_tokens), stop=[stop], n=n, seed=seed)
 
 
 def primed_prompt(policy: Any, messages: list[dict], opening_tag: str) -> list[int]:
@@ -91,7 +113,7 @@ def propose_targets(proposer: Any, references: list[tuple[int, str]], cfg: Propo
             cand = Candidate(ref_index, question, i, comp)
             cand.target, reason = parse_target(_closed(TARGET_OPEN, comp))
             if cand.target is None:
-                cand.target_verdict = {"ok": False, "reason": f"parse:{reason}"}
+                cand.target_verdict = Verdict(False, f"parse:{reason}")
                 cand.reject("target", f"parse:{reason}")
             cands.append(cand)
     return cands
@@ -105,8 +127,8 @@ def check_targets(evidence: Any, cands: list[Candidate]) -> None:
     verdicts = evidence.validate_targets([c.target for c in live], [c.reference for c in live])
     for cand, verdict in zip(live, verdicts):
         cand.target_verdict = verdict
-        if not verdict["ok"]:
-            cand.reject("target", verdict["reason"])
+        if not verdict.ok:
+            cand.reject("target", verdict.reason)
 
 
 def attach_paths(evidence: Any, cands: list[Candidate], seed: int) -> None:
@@ -134,7 +156,7 @@ def propose_questions(proposer: Any, cands: list[Candidate], cfg: ProposerConfig
         cand.question_completion = completions[0]
         cand.question, reason = parse_question(_closed(QUESTION_OPEN, completions[0]))
         if cand.question is None:
-            cand.question_verdict = {"ok": False, "reason": f"parse:{reason}"}
+            cand.question_verdict = Verdict(False, f"parse:{reason}")
             cand.reject("question", f"parse:{reason}")
 
 
@@ -147,10 +169,10 @@ def check_questions(evidence: Any, cands: list[Candidate]) -> None:
                                            [c.path for c in live])
     for cand, verdict in zip(live, verdicts):
         cand.question_verdict = verdict
-        if verdict["ok"]:
+        if verdict.ok:
             cand.stage, cand.reason = "accepted", "accepted"
         else:
-            cand.reject("question", verdict["reason"])
+            cand.reject("question", verdict.reason)
 
 
 def assign_proposer_rewards(cands: list[Candidate], cfg: ProposerConfig) -> None:
@@ -160,18 +182,22 @@ def assign_proposer_rewards(cands: list[Candidate], cfg: ProposerConfig) -> None
         cand.reward = proposer_reward(accuracy, cfg.invalid_penalty, cfg.reward)
 
 
-def proposer_sequences(cands: list[Candidate], advantages: list[float]) -> list[Any]:
-    """Call-1 and call-2 tokens of a candidate share its advantage (SPEC §3.5).
+def proposer_sequences(cands: list[Candidate], scale_std: bool = True) -> tuple[list[TrainSequence], dict[str, int]]:
+    """GRPO batch of the proposer (SPEC §3.5) and its group statistics.
 
-    Zero-advantage candidates (zero-variance groups) are left out: they add nothing to the
-    policy gradient and would only cost a forward/backward pass.
+    A reference question's `group_size` candidates form one group; call-1 and call-2 tokens
+    of a candidate share its advantage. Zero-advantage candidates (zero-variance groups) are
+    left out: they add nothing to the policy gradient and would only cost a forward/backward.
     """
-
+    if not cands:
+        return [], {"zero_var_groups": 0}
+    rewards = torch.tensor([c.reward for c in cands], dtype=torch.float32)
+    advantages, n_zero = group_advantages(rewards, [c.ref_index for c in cands], scale_std=scale_std)
     batch = []
-    for cand, adv in zip(cands, advantages):
+    for cand, adv in zip(cands, advantages.tolist()):
         if adv == 0.0:
             continue
         for comp in (cand.target_completion, cand.question_completion):
             if comp is not None and comp.token_ids:
                 batch.append(TrainSequence.from_completion(comp, adv))
-    return batch
+    return batch, {"zero_var_groups": int(n_zero)}

@@ -7,6 +7,8 @@ from __future__ import annotations
 import re
 from typing import Any, Optional
 
+from coevo.core.types import EvidencePath
+
 TARGET_SYSTEM = (
     "You create training tasks for a search agent. You pick the ANSWER first, then a question."
 )
@@ -78,10 +80,10 @@ def target_messages(reference_question: str) -> list[dict]:
             {"role": "user", "content": TARGET_USER.format(question=reference_question.strip())}]
 
 
-def question_messages(target: str, path: dict) -> list[dict]:
-    """Chat messages of proposer call 2, from an evidence path's `to_dict()`."""
-    hops = path.get("hops", [])
-    chain = " -> ".join([h.get("head", "") for h in hops[:1]] + [h.get("tail", "") for h in hops]) or target
-    sentences = "\n".join(f"- ({h.get('title', '')}) {h.get('sentence', '')}" for h in hops) or "- (none)"
+def question_messages(target: str, path: EvidencePath) -> list[dict]:
+    """Chat messages of proposer call 2, from the candidate's evidence path."""
+    hops = path.hops
+    chain = " -> ".join([h.head for h in hops[:1]] + [h.tail for h in hops]) or target
+    sentences = "\n".join(f"- ({h.title}) {h.sentence}" for h in hops) or "- (none)"
     return [{"role": "system", "content": QUESTION_SYSTEM},
             {"role": "user", "content": QUESTION_USER.format(target=target, chain=chain, sentences=sentences)}]

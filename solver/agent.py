@@ -20,7 +20,7 @@ from __future__ import annotations
 
 import re
 from dataclasses import dataclass, field
-from typing import Any, NamedTuple, Optional, Protocol, Sequence
+from typing import Any, Callable, NamedTuple, Optional, Protocol, Sequence
 
 from coevo.core.types import SamplingParams
 from solver.ranker import RankerCall, SearchRequest, SearchTool, format_documents, strip_eos
@@ -97,13 +97,17 @@ class Episode:
         """f of SPEC §4.1: the episode ended with a well-formed answer."""
         return self.end_reason == "answer"
 
-    def summary(self) -> dict[str, Any]:
-        """JSON-ready record for the task dump (SPEC §6); token ids are left out."""
-        return {"task_id": self.task.id, "rollout_idx": self.rollout_idx, "answer": self.answer,
-                "format_ok": self.format_ok, "end_reason": self.end_reason, "n_searches": self.n_searches,
-                "sub_queries": self.sub_queries, "n_turns": self.n_turns, "n_generated": self.n_generated,
-                "correctness": self.correctness, "reward": self.reward,
-                "ranker_calls": [c.summary() for c in self.ranker_calls]}
+    def to_record(self, decode: Optional[Callable[[list[int]], str]] = None) -> dict[str, Any]:
+        """JSON-ready record for the task dump (README "Outputs"), nested in its task's record.
+
+        Keys are the attribute names; token ids are left out, and `transcript` (everything
+        after the prompt: generated turns and observations) is decoded with `decode` when given.
+        """
+        transcript = decode(self.token_ids[self.prompt_len:]) if decode is not None else None
+        return {"rollout_idx": self.rollout_idx, "transcript": transcript, "answer": self.answer,
+                "format_ok": self.format_ok, "end_reason": self.end_reason, "correctness": self.correctness,
+                "n_searches": self.n_searches, "sub_queries": self.sub_queries, "reward": self.reward,
+                "n_generated": self.n_generated, "ranker_calls": [c.to_record() for c in self.ranker_calls]}
 
 
 class SolverPolicy(Protocol):

@@ -60,7 +60,7 @@ class RankerCall:
     prompt_ids: list[int] = field(default_factory=list)
     completion_ids: list[int] = field(default_factory=list)
     logprobs: Optional[list[float]] = None  # per completion token, under the sampling policy
-    text: str = ""  # decoded ranker output (for the task dump)
+    output: str = ""  # decoded ranker output (for the task dump)
     group_id: Optional[str] = None  # set by solver.grouping
     r_rel: Optional[float] = None  # set by the reward step
     reward: Optional[float] = None  # set by the reward step
@@ -70,12 +70,15 @@ class RankerCall:
         """True when the ranker policy wrote this call (so it can be trained on)."""
         return bool(self.completion_ids)
 
-    def summary(self) -> dict[str, Any]:
-        """JSON-ready record for the task dump (SPEC §6); token ids are left out."""
-        return {"sub_query": self.sub_query, "rollout_idx": self.rollout_idx, "turn": self.turn, "mode": self.mode,
-                "candidate_ids": self.candidate_ids, "chosen_ids": self.chosen_ids, "format_ok": self.format_ok,
-                "reason": self.reason, "i_ans": self.i_ans, "relevant": self.relevant, "r_rel": self.r_rel,
-                "reward": self.reward, "group_id": self.group_id, "text": self.text}
+    def to_record(self) -> dict[str, Any]:
+        """JSON-ready record for the task dump (README "Outputs"), nested in its rollout's record.
+
+        Keys are the attribute names. Left out: token ids and per-candidate `relevant` labels
+        (training-side), and q0, task id and rollout index (the enclosing records hold them).
+        """
+        return {"sub_query": self.sub_query, "turn": self.turn, "mode": self.mode, "candidate_ids": self.candidate_ids,
+                "chosen_ids": self.chosen_ids, "format_ok": self.format_ok, "reason": self.reason, "i_ans": self.i_ans,
+                "r_rel": self.r_rel, "reward": self.reward, "group_id": self.group_id, "output": self.output}
 
     def ranked_relevant(self) -> list[bool]:
         """Relevance of the returned documents, in returned order (input of Hit@k)."""
@@ -267,7 +270,7 @@ class Ranker:
         call.prompt_ids = list(completion.prompt_ids or prompt)
         call.completion_ids = list(completion.token_ids)
         call.logprobs = list(completion.logprobs) if completion.logprobs is not None else None
-        call.text, call.reason, call.format_ok = completion.text, reason, indices is not None
+        call.output, call.reason, call.format_ok = completion.text, reason, indices is not None
         if indices is not None:
             call.chosen_ids = [call.candidate_ids[i] for i in indices]
         # else: chosen_ids keeps the first-stage top-K set by _base_call (the fallback).

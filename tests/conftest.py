@@ -10,8 +10,13 @@ from __future__ import annotations
 
 import os
 from pathlib import Path
+from typing import Callable, Optional
 
 import pytest
+
+from coevo.core.types import Completion, SamplingParams
+from evidence.corpus import Corpus, Passage
+from evidence.retrieval import Hit
 
 
 @pytest.fixture(scope="session")
@@ -21,16 +26,6 @@ def shared_data() -> Path:
     if not (path / "wiki_mini" / "corpus.jsonl.gz").exists():
         pytest.fail(f"shared data not found at {path.resolve()}: set COEVO_SHARED_DATA to the shared data directory")
     return path
-
-
-
-from typing import Callable, Optional
-
-import pytest
-
-from coevo.core.types import Completion, SamplingParams
-from evidence.corpus import Corpus, Passage
-from evidence.retrieval import Hit
 
 
 class CharTokenizer:

@@ -1,24 +1,109 @@
-"""Typed configuration: the schema Hydra composes `configs/` into.
+"""Typed configuration: the schemas Hydra composes `configs/` into, for all three roots.
 
 Every field carries one line of documentation. Hydra validates overrides against these
-dataclasses, so an unknown key or a wrong type fails with an error naming it.
+dataclasses, so an unknown key, a wrong type or a value outside an enumeration fails with
+an error naming the key (and, for an enumeration, the valid choices). The roots are
+`CoevoConfig` (`python -m coevo.run`), `SolveRootConfig` (`coevo.solve`) and
+`EvalRootConfig` (`coevo.eval`); the last two are the coevo root plus their own keys.
+
+Enumerations are `StrEnum`s whose member names equal their values: members compare equal
+to, hash like and format as their strings (`cfg.ranker.mode == "frozen"`, f-strings and
+json.dumps keep working), and OmegaConf writes them back as the plain strings.
 """
 from __future__ import annotations
 
 from dataclasses import dataclass, field
-from typing import Any, Optional
+from enum import StrEnum
+from pathlib import Path
+from typing import Optional
 
 from omegaconf import MISSING, DictConfig, OmegaConf
+
+
+class Engine(StrEnum):
+    """Generation engine."""
+
+    hf = "hf"
+    vllm = "vllm"
+
+
+class DType(StrEnum):
+    """Parameter dtype."""
+
+    float32 = "float32"
+    bfloat16 = "bfloat16"
+    float16 = "float16"
+
+
+class ProposerReward(StrEnum):
+    """Difficulty reward of a task solved by a share p of the solver's rollouts."""
+
+    abs = "abs"  # 1 - |2p - 1|
+    quadratic = "quadratic"  # 4p(1 - p)
+
+
+class Correctness(StrEnum):
+    """How a solver answer is scored against the gold answers."""
+
+    em = "em"
+    f1 = "f1"
+
+
+class RankerMode(StrEnum):
+    """What the search tool does after first-stage retrieval."""
+
+    trainable = "trainable"  # the ranker model re-ranks and is trained
+    frozen = "frozen"  # the ranker model re-ranks with its initial weights (loaded frozen)
+    none = "none"  # no ranker: the first-stage top-K
+    oracle = "oracle"  # answer-containing candidates promoted to the top (upper bound)
+
+
+class Grouping(StrEnum):
+    """How ranker calls are grouped for GRPO."""
+
+    semantic = "semantic"
+    by_question = "by_question"
+
+
+class Relevance(StrEnum):
+    """Pseudo-relevance label of a ranked passage."""
+
+    answer = "answer"
+    evidence = "evidence"
+    both = "both"
+
+
+class RetrievalBackend(StrEnum):
+    """First-stage retriever implementation."""
+
+    bm25s = "bm25s"
+    rank_bm25 = "rank_bm25"
+    dense_minilm = "dense_minilm"
+
+
+class EvalMode(StrEnum):
+    """How `coevo.eval` asks the solver (see coevo/evaluate/harness.py)."""
+
+    direct = "direct"
+    rag = "rag"
+    agent = "agent"
+
+
+class Untagged(StrEnum):
+    """What `coevo.eval` predicts on a format failure."""
+
+    empty = "empty"
+    raw = "raw"
 
 
 @dataclass
 class PolicyConfig:
     """One policy (proposer, solver or ranker): its model and how it is trained."""
 
-    preset: str = MISSING  # preset name this block came from (configs/<role>/<preset>.yaml)
+    preset: str = MISSING  # preset name this block came from (configs/model/<preset>.yaml)
     model: str = MISSING  # embedded preset (smollm2-135m, tiny-random), local HF dir or hub id
-    dtype: str = "float32"  # parameter dtype: float32 | bfloat16 | float16
-    engine: str = "${rollout.engine}"  # generation engine: hf | vllm
+    dtype: DType = DType.float32  # parameter dtype: float32 | bfloat16 | float16
+    engine: Engine = "${rollout.engine}"  # type: ignore[assignment]  # generation engine: hf | vllm
     checkpoint: Optional[str] = None  # HF checkpoint dir that replaces the preset weights
     frozen: bool = False  # generate with the initial weights and never update
     lr: float = 1e-6  # AdamW learning rate
@@ -35,7 +120,7 @@ class PolicyConfig:
     max_prompt_tokens: int = 2048  # prompts longer than this are truncated from the left
     num_cpus: float = 1.0  # CPUs requested by this policy's Ray actor
     num_gpus: float = 0.0  # GPUs requested by this policy's Ray actor
-    gpu_memory_utilization: float = 0.05  # vLLM memory share: of system RAM for the KV cache on CPU builds, of GPU memory (weights included) on GPUs
+    gpu_memory_utilization: float = 0.05  # vLLM share: of RAM (KV cache) on CPU, of GPU memory (+weights) on GPU
     vllm_enforce_eager: bool = "${rollout.vllm_enforce_eager}"  # type: ignore[assignment]  # skip CUDA graph capture
 
 
@@ -45,7 +130,7 @@ class ProposerConfig(PolicyConfig):
 
     group_size: int = 4  # target candidates sampled per reference question (its GRPO group)
     invalid_penalty: float = 0.5  # reward -invalid_penalty for a task rejected by validation
-    reward: str = "abs"  # difficulty reward: abs (1-|2p-1|) | quadratic (4p(1-p))
+    reward: ProposerReward = ProposerReward.abs  # difficulty reward: abs (1-|2p-1|) | quadratic (4p(1-p))
     max_target_chars: int = 80  # targets longer than this are rejected (too_long)
     questions_per_step: int = 4  # reference questions consumed per co-evolution step
 
@@ -54,7 +139,7 @@ class ProposerConfig(PolicyConfig):
 class SolverRewardConfig:
     """Tool-aware solver reward (SPEC §4.2)."""
 
-    correctness: str = "em"  # em | f1
+    correctness: Correctness = Correctness.em  # em | f1
     tool_cost: float = 0.2  # lambda: penalty for extra searches among correct rollouts
     format_penalty: float = 0.2  # alpha: reward -alpha on a format violation
 
@@ -74,15 +159,15 @@ class SolverConfig(PolicyConfig):
 class RankerConfig(PolicyConfig):
     """The generative listwise re-ranker inside the search tool (SPEC §4.3-4.6)."""
 
-    mode: str = "trainable"  # trainable | frozen | none (first-stage top-K) | oracle
+    mode: RankerMode = RankerMode.trainable  # trainable | frozen | none (first-stage top-K) | oracle
     share_backbone: bool = False  # the ranker uses the solver's weights
     n_candidates: int = 10  # N: first-stage candidates shown to the ranker (paper 50)
     top_k: int = 3  # K: documents the ranker returns to the solver (paper 5)
     passage_chars: int = 300  # candidate passages are truncated to this many characters
-    grouping: str = "semantic"  # semantic | by_question
+    grouping: Grouping = Grouping.semantic  # semantic | by_question
     group_f1: float = 0.8  # delta: sub-query token-F1 to join a group
     min_group_size: int = 3  # k_min: smaller groups are dropped
-    relevance: str = "answer"  # pseudo-relevance label: answer | evidence | both
+    relevance: Relevance = Relevance.answer  # pseudo-relevance label: answer | evidence | both
     gamma: float = 0.5  # r_rel threshold above which r_main is added
     format_penalty: float = 0.2  # alpha: reward -alpha for a malformed ranking
 
@@ -99,7 +184,7 @@ class CorpusConfig:
 class RetrievalConfig:
     """First-stage retriever."""
 
-    backend: str = "bm25s"  # bm25s | rank_bm25 | dense_minilm
+    backend: RetrievalBackend = RetrievalBackend.bm25s  # bm25s | rank_bm25 | dense_minilm
     cache_dir: Optional[str] = None  # index cache (default $COEVO_CACHE/indexes)
 
 
@@ -107,7 +192,7 @@ class RetrievalConfig:
 class RolloutConfig:
     """Generation engine shared by all policies unless a policy overrides it."""
 
-    engine: str = "hf"  # hf | vllm
+    engine: Engine = Engine.hf  # hf | vllm
     vllm_enforce_eager: bool = True  # skip CUDA graph capture (faster start, CPU-safe)
 
 
@@ -161,35 +246,46 @@ class CoevoConfig:
     experiment_name: str = "default"  # label stored with the run
 
 
-CHOICES = {
-    "engine": ("hf", "vllm"),
-    "mode": ("trainable", "frozen", "none", "oracle"),
-    "grouping": ("semantic", "by_question"),
-    "relevance": ("answer", "evidence", "both"),
-    "correctness": ("em", "f1"),
-    "proposer_reward": ("abs", "quadratic"),
-    "backend": ("bm25s", "rank_bm25", "dense_minilm"),
-    "dtype": ("float32", "bfloat16", "float16"),
+@dataclass
+class SolveConfig:
+    """The `solve:` block of `coevo.solve`: which labelled questions, how many steps, whether to train."""
+
+    data: str = "${oc.env:COEVO_SHARED_DATA,../shared/data}/wiki_mini/questions_dev.jsonl"  # labelled JSONL
+    limit: Optional[int] = None  # use only the first `limit` questions of the file
+    steps: int = 2  # training steps (one question batch each)
+    batch_questions: int = 4  # questions per step (each gets solver.group_size rollouts)
+    train: bool = True  # run GRPO updates (false: rollouts and metrics only)
+    shuffle: bool = True  # visit questions in a seeded random order
+
+
+@dataclass
+class SolveRootConfig(CoevoConfig):
+    """Root config of `python -m coevo.solve`: the coevo root plus `solve`."""
+
+    solve: SolveConfig = field(default_factory=SolveConfig)
+
+
+@dataclass
+class EvalRootConfig(CoevoConfig):
+    """Root config of `python -m coevo.eval`: the coevo root plus these top-level eval keys."""
+
+    data: str = "${oc.env:COEVO_SHARED_DATA,../shared/data}/benchmarks/dev.jsonl"  # JSONL questions
+    mode: EvalMode = EvalMode.agent  # direct | rag | agent
+    out: str = "runs/eval/${mode}-${now:%Y%m%d-%H%M%S}.json"  # result JSON (written atomically)
+    limit: Optional[int] = None  # first `limit` questions of EACH dataset (None: all)
+    batch_size: int = 16  # prompts per generate call (direct/rag: length-sorted; agent: episodes in lockstep)
+    greedy: bool = True  # temperature 0; false samples with the solver's temperature/top_p and `seed`
+    untagged: Untagged = Untagged.empty  # a format failure predicts: empty ("", scores 0) | raw (text, tags removed)
+
+
+# Hydra config name of each root's schema (the first entry of configs/<root>.yaml's defaults).
+SCHEMAS: dict[str, type[CoevoConfig]] = {
+    "coevo_schema": CoevoConfig, "solve_schema": SolveRootConfig, "eval_schema": EvalRootConfig,
 }
 
 
-def _check_choice(key: str, value: Any, choices: tuple) -> None:
-    if value not in choices:
-        raise ValueError(f"config key {key}={value!r} is not valid; expected one of {list(choices)}")
-
-
 def validate_config(cfg: CoevoConfig | DictConfig) -> None:
-    """Check enumerated fields and ranges, naming the key and the valid choices on failure."""
-    for role in ("proposer", "solver", "ranker"):
-        pol = cfg[role] if isinstance(cfg, DictConfig) else getattr(cfg, role)
-        _check_choice(f"{role}.engine", pol.engine, CHOICES["engine"])
-        _check_choice(f"{role}.dtype", pol.dtype, CHOICES["dtype"])
-    _check_choice("ranker.mode", cfg.ranker.mode, CHOICES["mode"])
-    _check_choice("ranker.grouping", cfg.ranker.grouping, CHOICES["grouping"])
-    _check_choice("ranker.relevance", cfg.ranker.relevance, CHOICES["relevance"])
-    _check_choice("solver.reward.correctness", cfg.solver.reward.correctness, CHOICES["correctness"])
-    _check_choice("proposer.reward", cfg.proposer.reward, CHOICES["proposer_reward"])
-    _check_choice("retrieval.backend", cfg.retrieval.backend, CHOICES["backend"])
+    """Check ranges across keys (the schema types already restrict enumerated fields)."""
     if cfg.ranker.top_k > cfg.ranker.n_candidates:
         raise ValueError(
             f"config key ranker.top_k={cfg.ranker.top_k} exceeds ranker.n_candidates="
@@ -203,32 +299,58 @@ def validate_config(cfg: CoevoConfig | DictConfig) -> None:
             raise ValueError(f"config key {key}={value} must be >= 1")
 
 
-def to_object(cfg: DictConfig) -> CoevoConfig:
-    """Turn a composed DictConfig into the typed `CoevoConfig` (interpolations resolved)."""
-    merged = OmegaConf.merge(OmegaConf.structured(CoevoConfig), cfg)
-    obj = OmegaConf.to_object(merged)
-    assert isinstance(obj, CoevoConfig)
+def resolve_frozen(cfg: CoevoConfig) -> None:
+    """Mark every policy that is never updated `frozen` (loaded without optimizer or reference copy).
+
+    This is the one place that decides it: ranker.mode=frozen (the fixed-ranker baseline)
+    freezes the ranker, and evaluation freezes every policy.
+    """
+    if cfg.ranker.mode == RankerMode.frozen:
+        cfg.ranker.frozen = True
+    if isinstance(cfg, EvalRootConfig):
+        for policy in (cfg.proposer, cfg.solver, cfg.ranker):
+            policy.frozen = True
+
+
+def to_object(cfg: DictConfig, schema: type[CoevoConfig] = CoevoConfig) -> CoevoConfig:
+    """Turn a composed DictConfig into the typed root `schema` (interpolations resolved), validated."""
+    obj = OmegaConf.to_object(OmegaConf.merge(OmegaConf.structured(schema), cfg))
+    assert isinstance(obj, schema)
     validate_config(obj)
+    resolve_frozen(obj)
     return obj
 
 
-CONFIG_DIR = str((__import__("pathlib").Path(__file__).resolve().parent.parent.parent / "configs"))
+CONFIG_DIR = str(Path(__file__).resolve().parent.parent.parent / "configs")
 
 
 def register_schema() -> None:
-    """Make `coevo_schema` (the typed root) available to Hydra's defaults list."""
+    """Register the typed roots (`coevo_schema`, `solve_schema`, `eval_schema`) for the defaults lists."""
     from hydra.core.config_store import ConfigStore
 
-    ConfigStore.instance().store(name="coevo_schema", node=CoevoConfig)
+    for name, schema in SCHEMAS.items():
+        ConfigStore.instance().store(name=name, node=schema)
 
 
 def compose(overrides: list[str] | None = None, config_name: str = "coevo") -> DictConfig:
-    """Compose the Hydra config outside `@hydra.main` (tests, notebooks, benchmarks)."""
+    """Compose the Hydra config outside `@hydra.main` (tests, notebooks, benchmarks).
+
+    A value the schema rejects (e.g. `ranker.mode=best`) raises ValueError naming the key and
+    the valid choices.
+    """
     from hydra import compose as hydra_compose
     from hydra import initialize_config_dir
     from hydra.core.global_hydra import GlobalHydra
+    from hydra.errors import ConfigCompositionException
+    from omegaconf.errors import ValidationError
 
     register_schema()
     GlobalHydra.instance().clear()
     with initialize_config_dir(config_dir=CONFIG_DIR, version_base="1.3"):
-        return hydra_compose(config_name=config_name, overrides=list(overrides or []))
+        try:
+            return hydra_compose(config_name=config_name, overrides=list(overrides or []))
+        except ConfigCompositionException as e:
+            # Hydra's own message names only the override; its cause holds the key and the choices.
+            if isinstance(e.__cause__, ValidationError):
+                raise ValueError(f"{e}: {e.__cause__}") from e
+            raise

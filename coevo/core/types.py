@@ -84,7 +84,8 @@ class Verdict:
     evidence: tuple[str, ...] = ()  # passage ids (targets, questions) supporting the verdict
     detail: str = ""  # what triggered it: entity label, leaked text, certification reason
 
-    def to_dict(self) -> dict[str, Any]:
+    def to_record(self) -> dict[str, Any]:
+        """JSON-ready record (task dump `target_verdict` / `question_verdict`, README "Outputs")."""
         d = asdict(self)
         d["evidence"] = list(self.evidence)
         return d
@@ -109,7 +110,7 @@ class Hop:
 
 @dataclass(frozen=True)
 class EvidencePath:
-    """A certified chain of hops ending at the target; JSON round-trip via to_dict/from_dict."""
+    """A certified chain of hops ending at the target; JSON round-trip via to_record/from_record."""
 
     target: str
     hops: tuple[Hop, ...] = field(default_factory=tuple)
@@ -132,12 +133,13 @@ class EvidencePath:
         """Passage ids of the hops, in path order, each once: the task's evidence passages."""
         return list(dict.fromkeys(h.passage_id for h in self.hops))
 
-    def to_dict(self) -> dict[str, Any]:
+    def to_record(self) -> dict[str, Any]:
+        """JSON-ready record (task dump `evidence_path`, README "Outputs"); hops keep their field names."""
         return {"target": self.target, "hops": [asdict(h) for h in self.hops], "evidence_ids": self.evidence_ids}
 
     @classmethod
-    def from_dict(cls, data: dict[str, Any]) -> "EvidencePath":
-        """Inverse of to_dict (extra keys ignored); ValueError names what is malformed."""
+    def from_record(cls, data: dict[str, Any]) -> "EvidencePath":
+        """Inverse of to_record (extra keys ignored); ValueError names what is malformed."""
         if not isinstance(data, dict) or not isinstance(data.get("hops", []), list):
             raise ValueError(f"an evidence path is a dict with a list of hops, got {type(data).__name__}")
         names = Hop.__dataclass_fields__

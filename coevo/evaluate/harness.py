@@ -6,9 +6,10 @@
         ranker.mode=trainable ranker.checkpoint=<run>/checkpoints/step_9/ranker
     python -m coevo.eval --compare a.json b.json                         # side by side, deltas B - A
 
-Config: `configs/eval.yaml` = the `coevo` root (solver/ranker/corpus/retrieval presets, typed
-by coevo/config.py) + the top-level eval keys of `EvalRootConfig` below. `ranker.mode`
-defaults to `none` here (retrieval only); a ranker runs only with `frozen`/`trainable`.
+Config: `configs/eval.yaml` = the `coevo` root (solver/ranker/corpus/retrieval presets) + the
+top-level eval keys; schema `EvalRootConfig` in coevo/core/config.py, which also loads every
+policy frozen here. `ranker.mode` defaults to `none` (retrieval only); a ranker runs only
+with `frozen`/`trainable`.
 
 Modes (generation is greedy unless `greedy=false`):
 - `direct`: the question alone; the model writes `<answer>…</answer>`.
@@ -35,10 +36,10 @@ from dataclasses import dataclass, fields, is_dataclass
 from pathlib import Path
 from typing import Any, Optional, Sequence, Union, get_args, get_origin, get_type_hints
 
-from omegaconf import DictConfig, OmegaConf
+from omegaconf import DictConfig
 
-from coevo.core.config import CONFIG_DIR, CoevoConfig, compose, register_schema, validate_config
-from coevo.core.io import atomic_write_text
+from coevo.core.config import CONFIG_DIR, EvalRootConfig, compose, to_object
+from coevo.core.io import atomic_write_text, iter_jsonl
 from coevo.core.types import SamplingParams
 from coevo.evaluate.metrics import (
     aggregate,
@@ -52,37 +53,13 @@ from coevo.train.policy import Policy
 from evidence.corpus import corpus_source, load_corpus
 from evidence.retrieval import build_retriever
 from solver.agent import ANSWER_STOP, Episode, Task, run_episodes
-from solver.ranker import RankerCall, SearchRequest, SearchTool, build_ranker, format_documents, strip_eos
-
-MODES = ("direct", "rag", "agent")
-UNTAGGED = ("empty", "raw")
+from solver.ranker import SearchRequest, SearchTool, build_ranker, format_documents, strip_eos
 
 SINGLE_TURN_SYSTEM = (
     "You answer questions{context}. You may first reason inside <think> and </think>. Then write the "
     "final answer, a few words only, inside <answer> and </answer>, for example <answer>Paris</answer>. "
     "Write nothing after </answer>."
 )
-
-
-@dataclass
-class EvalRootConfig(CoevoConfig):
-    """Root config of `python -m coevo.eval`: the coevo root plus these top-level eval keys."""
-
-    data: str = "${oc.env:COEVO_SHARED_DATA,../shared/data}/benchmarks/dev.jsonl"  # JSONL questions
-    mode: str = "agent"  # direct | rag | agent
-    out: str = "runs/eval/${mode}-${now:%Y%m%d-%H%M%S}.json"  # result JSON (written atomically)
-    limit: Optional[int] = None  # first `limit` questions of EACH dataset (None: all)
-    batch_size: int = 16  # prompts per generate call (direct/rag: length-sorted; agent: episodes in lockstep)
-    greedy: bool = True  # temperature 0; false samples with the solver's temperature/top_p and `seed`
-    untagged: str = "empty"  # a format failure predicts: empty ("", scores 0) | raw (its text, tags removed)
-
-
-def register_eval_schema() -> None:
-    """Make `coevo_schema` and `eval_schema` available to Hydra's defaults lists."""
-    from hydra.core.config_store import ConfigStore
-
-    register_schema()
-    ConfigStore.instance().store(name="eval_schema", node=EvalRootConfig)
 
 
 def _field_type(hint: Any) -> Any:
@@ -120,12 +97,7 @@ def check_override_keys(overrides: Sequence[str]) -> None:
 
 
 def validate_eval(cfg: EvalRootConfig) -> None:
-    """Check the eval keys (and the coevo ones), naming the key and the valid choices on failure."""
-    validate_config(cfg)
-    if cfg.mode not in MODES:
-        raise ValueError(f"config key mode={cfg.mode!r} is not valid; expected one of {list(MODES)}")
-    if cfg.untagged not in UNTAGGED:
-        raise ValueError(f"config key untagged={cfg.untagged!r} is not valid; expected one of {list(UNTAGGED)}")
+    """Check the eval keys the schema types cannot (ranges, the data file), naming the key."""
     if cfg.batch_size < 1:
         raise ValueError(f"config key batch_size={cfg.batch_size} must be >= 1")
     if cfg.limit is not None and cfg.limit < 1:
@@ -139,7 +111,7 @@ def validate_eval(cfg: EvalRootConfig) -> None:
 
 def to_eval_object(dcfg: DictConfig) -> EvalRootConfig:
     """Typed, validated config (interpolations resolved)."""
-    obj = OmegaConf.to_object(OmegaConf.merge(OmegaConf.structured(EvalRootConfig), dcfg))
+    obj = to_object(dcfg, EvalRootConfig)
     assert isinstance(obj, EvalRootConfig)
     validate_eval(obj)
     return obj
@@ -148,7 +120,6 @@ def to_eval_object(dcfg: DictConfig) -> EvalRootConfig:
 def compose_eval(overrides: Sequence[str] = ()) -> EvalRootConfig:
     """`configs/eval.yaml` + overrides, typed and validated (tests, notebooks)."""
     check_override_keys(overrides)
-    register_eval_schema()
     return to_eval_object(compose(list(overrides), config_name="eval"))
 
 
@@ -189,21 +160,14 @@ def load_questions(path: str | Path, limit: Optional[int] = None) -> list[EvalQu
     per_dataset: dict[str, int] = {}
     seen: set[str] = set()
     questions = []
-    with open(path, encoding="utf-8") as f:
-        for line_no, line in enumerate(f, 1):
-            if not line.strip():
-                continue
-            try:
-                rec = json.loads(line)
-            except json.JSONDecodeError as e:
-                raise ValueError(f"{path}:{line_no}: malformed JSON ({e.msg})") from None
-            q = _question_from_record(rec, f"{path}:{line_no}", path.name.split(".")[0])
-            if q.task.id in seen:
-                raise ValueError(f"{path}:{line_no}: duplicate question id {q.task.id!r}")
-            seen.add(q.task.id)
-            if limit is None or per_dataset.get(q.dataset, 0) < limit:
-                per_dataset[q.dataset] = per_dataset.get(q.dataset, 0) + 1
-                questions.append(q)
+    for line_no, rec in iter_jsonl(path):
+        q = _question_from_record(rec, f"{path}:{line_no}", path.name.split(".")[0])
+        if q.task.id in seen:
+            raise ValueError(f"{path}:{line_no}: duplicate question id {q.task.id!r}")
+        seen.add(q.task.id)
+        if limit is None or per_dataset.get(q.dataset, 0) < limit:
+            per_dataset[q.dataset] = per_dataset.get(q.dataset, 0) + 1
+            questions.append(q)
     if not questions:
         raise ValueError(f"{path}: no questions")
     return questions
@@ -221,9 +185,9 @@ class EvalStack:
 
 
 def build_eval_stack(cfg: EvalRootConfig) -> EvalStack:
-    """Load the solver (frozen: no optimizer or reference copy) and, unless direct, corpus + tool."""
+    """Load the solver (frozen by the eval config) and, unless direct, corpus + tool."""
 
-    solver = Policy.from_config(dataclasses.replace(cfg.solver, frozen=True), "solver")
+    solver = Policy.from_config(cfg.solver, "solver")
     if cfg.mode == "direct":
         return EvalStack(solver)
     corpus = load_corpus(corpus_source(cfg.corpus))
@@ -234,9 +198,9 @@ def build_eval_stack(cfg: EvalRootConfig) -> EvalStack:
 
 
 def ranker_eval_config(cfg: EvalRootConfig) -> Any:
-    """The ranker config as evaluated: frozen, and greedy when the solver is."""
+    """The ranker config as evaluated: greedy when the solver is (frozen by the eval config)."""
     temperature = 0.0 if cfg.greedy else cfg.ranker.temperature
-    return dataclasses.replace(cfg.ranker, frozen=True, temperature=temperature)
+    return dataclasses.replace(cfg.ranker, temperature=temperature)
 
 
 def single_turn_messages(question: str, documents: Optional[Sequence[Any]] = None) -> list[dict]:
@@ -247,10 +211,6 @@ def single_turn_messages(question: str, documents: Optional[Sequence[Any]] = Non
         user = f"Documents:\n{format_documents(documents)}\n\n{user}"
     return [{"role": "system", "content": SINGLE_TURN_SYSTEM.format(context=context)},
             {"role": "user", "content": user}]
-
-
-def _search_of(call: RankerCall, observed: bool) -> dict[str, Any]:
-    return search_record(call.sub_query, call.candidate_ids, call.chosen_ids, observed, call.format_ok)
 
 
 def _progress(mode: str, done: int, total: int, t0: float) -> None:
@@ -268,7 +228,7 @@ def _single_turn_prompts(questions: Sequence[EvalQuestion], stack: EvalStack, mo
             requests = [SearchRequest(q.task.question, q.task.question, q.task.answers, q.task.evidence_ids,
                                       q.task.id, 0, 0) for q in questions[start:start + batch_size]]
             for i, result in enumerate(stack.tool.search(requests), start):
-                documents[i], searches[i] = list(result.passages), [_search_of(result.call, observed=True)]
+                documents[i], searches[i] = list(result.passages), [search_record(result.call, observed=True)]
     prompts = [stack.solver.chat_prompt_ids(single_turn_messages(q.task.question, docs))
                for q, docs in zip(questions, documents)]
     return prompts, searches
@@ -327,7 +287,7 @@ def run_agent(batch: Sequence[EvalQuestion], stack: EvalStack, solver_cfg: Any, 
                             group_size=1)
     records = []
     for q, ep in zip(batch, episodes):
-        searches = [_search_of(call, _observed(ep, i)) for i, call in enumerate(ep.ranker_calls)]
+        searches = [search_record(call, _observed(ep, i)) for i, call in enumerate(ep.ranker_calls)]
         transcript = stack.solver.tokenizer.decode(ep.token_ids[ep.prompt_len:])
         prediction = ep.answer if ep.format_ok and ep.answer else ""
         if not ep.format_ok and untagged == "raw":

@@ -33,7 +33,9 @@ from pathlib import Path
 from typing import Any, Optional, Sequence
 
 from coevo.core.scoring import cover_em, exact_match, f1
+from coevo.core.stats import mean
 from solver.agent import parse_action
+from solver.ranker import RankerCall
 from solver.reward import hit_at_k, hit_cutoffs
 
 ROUND = 4  # digits kept in metrics (predictions keep full precision)
@@ -62,32 +64,33 @@ def score_answer(prediction: str, answers: Sequence[str]) -> dict[str, float]:
             "cover_em": cover_em(prediction, answers)}
 
 
-def search_record(query: str, candidate_ids: Sequence[str], shown_ids: Sequence[str], observed: bool,
-                  ranker_ok: bool) -> dict[str, Any]:
-    """One search of one question as stored in its prediction record."""
-    return {"query": query, "candidate_ids": list(candidate_ids), "shown_ids": list(shown_ids),
-            "observed": observed, "ranker_ok": ranker_ok}
+SEARCH_KEYS = ("sub_query", "candidate_ids", "chosen_ids", "format_ok")  # of RankerCall.to_record
+
+
+def search_record(call: RankerCall, observed: bool) -> dict[str, Any]:
+    """One search of one question as stored in its prediction record (`retrievals`).
+
+    A subset of the ranker call's own task-dump record, under the same key names, plus
+    `observed` (whether the solver read the documents).
+    """
+    record = call.to_record()
+    return {**{key: record[key] for key in SEARCH_KEYS}, "observed": observed}
 
 
 def prediction_record(qid: str, dataset: str, question: str, answers: Sequence[str], prediction: str,
-                      format_ok: bool, end_reason: str, output: str, searches: list[dict[str, Any]],
+                      format_ok: bool, end_reason: str, output: str, retrievals: list[dict[str, Any]],
                       gold_ids: Optional[Sequence[str]] = None) -> dict[str, Any]:
-    """The per-question entry of `predictions`; `searches` holds `search_record`s.
+    """The per-question entry of `predictions`; `retrievals` holds `search_record`s.
 
-    `searches` (the count) is the number of searches made: valid tool calls in agent mode,
-    the one retrieval in rag mode, 0 in direct mode.
+    `n_searches` is the number of searches made: valid tool calls in agent mode, the one
+    retrieval in rag mode, 0 in direct mode.
     """
     record = {"id": qid, "dataset": dataset, "question": question, "answers": list(answers),
-              "prediction": prediction, **score_answer(prediction, answers), "searches": len(searches),
-              "format_ok": format_ok, "end_reason": end_reason, "retrievals": searches, "output": output}
+              "prediction": prediction, **score_answer(prediction, answers), "n_searches": len(retrievals),
+              "format_ok": format_ok, "end_reason": end_reason, "retrievals": retrievals, "output": output}
     if gold_ids:
         record["gold_ids"] = list(gold_ids)
     return record
-
-
-def _mean(values: Sequence[float]) -> Optional[float]:
-    # Unrounded: the macro average must not average already-rounded dataset numbers.
-    return sum(values) / len(values) if values else None
 
 
 def _rounded(metrics: dict[str, Any]) -> dict[str, Any]:
@@ -102,13 +105,13 @@ def _retrieval_metrics(records: Sequence[dict[str, Any]], top_k: int) -> dict[st
     recalls, calls = [], []
     for rec in labelled:
         gold = set(rec["gold_ids"])
-        shown = {pid for s in rec["retrievals"] if s["observed"] for pid in s["shown_ids"]}
+        shown = {pid for s in rec["retrievals"] if s["observed"] for pid in s["chosen_ids"]}
         recalls.append(len(gold & shown) / len(gold))
-        calls += [([pid in gold for pid in s["shown_ids"]], s["ranker_ok"]) for s in rec["retrievals"]]
-    out: dict[str, Any] = {f"recall@{top_k}": _mean(recalls), "ranker_calls": len(calls)}
+        calls += [([pid in gold for pid in s["chosen_ids"]], s["format_ok"]) for s in rec["retrievals"]]
+    out: dict[str, Any] = {f"recall@{top_k}": mean(recalls), "ranker_calls": len(calls)}
     for k in hit_cutoffs(top_k):
-        out[f"hit@{k}"] = _mean([hit_at_k(relevant, k) for relevant, _ in calls])
-    out["ranker_format_failure"] = _mean([float(not ok) for _, ok in calls])
+        out[f"hit@{k}"] = mean([hit_at_k(relevant, k) for relevant, _ in calls])
+    out["ranker_format_failure"] = mean([float(not ok) for _, ok in calls])
     return out
 
 
@@ -117,12 +120,12 @@ def dataset_metrics(records: Sequence[dict[str, Any]], top_k: int, retrieves: bo
     scores = [score_answer(r["prediction"], r["answers"]) for r in records]
     hist: dict[str, int] = {}
     for r in records:
-        hist[str(r["searches"])] = hist.get(str(r["searches"]), 0) + 1
+        hist[str(r["n_searches"])] = hist.get(str(r["n_searches"]), 0) + 1
     out: dict[str, Any] = {"n": len(records)}
     for key in TABLE_SCORES:
-        out[key] = _mean([s[key] for s in scores])
-    out["format_failure"] = _mean([float(not r["format_ok"]) for r in records])
-    out["mean_searches"] = _mean([float(r["searches"]) for r in records])
+        out[key] = mean([s[key] for s in scores])
+    out["format_failure"] = mean([float(not r["format_ok"]) for r in records])
+    out["mean_searches"] = mean([float(r["n_searches"]) for r in records])
     out["search_hist"] = dict(sorted(hist.items(), key=lambda kv: int(kv[0])))
     if retrieves:
         out.update(_retrieval_metrics(records, top_k))
@@ -141,8 +144,9 @@ def macro_average(per_dataset: dict[str, dict[str, Any]]) -> dict[str, Any]:
     for key in keys:
         if key in ("n", "search_hist", "ranker_calls"):
             continue
-        # A dataset without a number (e.g. no gold ids) is left out of that number's mean.
-        out[key] = _mean([m[key] for m in per_dataset.values() if m.get(key) is not None])
+        # A dataset without a number (e.g. no gold ids) is left out of that number's mean; the
+        # dataset numbers are unrounded here, so the average is not one of rounded numbers.
+        out[key] = mean([m[key] for m in per_dataset.values() if m.get(key) is not None])
     if any("ranker_calls" in m for m in per_dataset.values()):
         out["ranker_calls"] = sum(m.get("ranker_calls", 0) for m in per_dataset.values())
     out["search_hist"] = dict(sorted(hist.items(), key=lambda kv: int(kv[0])))

@@ -14,20 +14,45 @@ from collections import Counter
 from pathlib import Path
 from typing import Any, Optional
 
-from coevo.core.io import atomic_write_text
+from coevo.core.io import atomic_write_text, step_of
+from coevo.core.stats import mean
 from coevo.orchestrate.outputs import read_jsonl
+
+# Keys of older task dumps that were renamed when each record type got one serialization
+# (`to_record`); runs written before keep them, and loading maps them to today's names.
+OLD_ROLLOUT_KEYS = {"rollout": "rollout_idx", "correct": "correctness", "searches": "n_searches",
+                    "generated_tokens": "n_generated"}
+OLD_RANKER_CALL_KEYS = {"candidates": "candidate_ids", "chosen": "chosen_ids"}
+
+
+def _renamed(record: dict, names: dict[str, str]) -> dict:
+    return {names.get(k, k): v for k, v in record.items()}
+
+
+def normalize_record(record: dict) -> dict:
+    """A task-dump record under the current key names (README "Outputs"), whatever version wrote it.
+
+    Older dumps also wrote parse-failure and pending verdicts as just `ok` and `reason`.
+    """
+    rollouts = [{**_renamed(ro, OLD_ROLLOUT_KEYS),
+                 "ranker_calls": [_renamed(c, OLD_RANKER_CALL_KEYS) for c in ro.get("ranker_calls") or []]}
+                for ro in record.get("rollouts") or []]
+    verdicts = {k: {"evidence": [], "detail": "", **record[k]} for k in ("target_verdict", "question_verdict")
+                if isinstance(record.get(k), dict)}
+    return {**record, **verdicts, "rollouts": rollouts}
 
 
 def load_run(run_dir: Path, step: Optional[int] = None) -> tuple[list[dict], list[dict]]:
-    """(task records with their step, metrics lines) of a run directory."""
+    """(task records with their step, metrics lines) of a run directory; old dump keys are renamed."""
     run_dir = Path(run_dir)
     if not run_dir.is_dir():
         raise FileNotFoundError(f"run directory {run_dir} does not exist")
     records = []
-    for f in sorted((run_dir / "tasks").glob("step_*.jsonl"), key=lambda p: int(p.stem.split("_")[1])):
-        n = int(f.stem.split("_")[1])
+    dumps = sorted((n, f) for f in (run_dir / "tasks").glob("step_*.jsonl")
+                   if (n := step_of(f.name, ".jsonl")) is not None)
+    for n, f in dumps:
         if step is None or n == step:
-            records += [{**r, "step": n} for r in read_jsonl(f)]
+            records += [{**normalize_record(r), "step": n} for r in read_jsonl(f)]
     metrics_path = run_dir / "metrics.jsonl"
     metrics = read_jsonl(metrics_path) if metrics_path.exists() else []
     return records, metrics
@@ -61,7 +86,8 @@ def summarize(records: list[dict]) -> dict[str, Any]:
     accepted = [r for r in records if r.get("accepted")]
     acc_hist = Counter(round(r["accuracy"], 2) for r in accepted if r.get("accuracy") is not None)
     hop_hist = Counter(h for r in records if (h := hop_count(r)) is not None)
-    solved_searches = [ro.get("searches", 0) for r in accepted for ro in r.get("rollouts", []) if ro.get("correct", 0) > 0]
+    solved_searches = [ro.get("n_searches", 0) for r in accepted for ro in r.get("rollouts", [])
+                       if ro.get("correctness", 0) > 0]
     return {
         "candidates": n,
         "target_valid": sum(1 for r in records if (r.get("target_verdict") or {}).get("ok")),
@@ -71,7 +97,7 @@ def summarize(records: list[dict]) -> dict[str, Any]:
         "reason_counts": dict(reasons.most_common()),
         "accuracy_hist": dict(sorted(acc_hist.items())),
         "hop_hist": dict(sorted(hop_hist.items())),
-        "mean_searches_solved": sum(solved_searches) / len(solved_searches) if solved_searches else None,
+        "mean_searches_solved": mean(map(float, solved_searches)),
     }
 
 
@@ -93,7 +119,8 @@ def format_summary(summary: dict[str, Any], metrics: list[dict], examples: list[
     lines.append("== evidence-path hops ==")
     lines += [f"  {k} hops  {v}" for k, v in summary["hop_hist"].items()] or ["  (none)"]
     ms = summary["mean_searches_solved"]
-    lines.append(f"== searches per solved rollout: {ms:.2f}" if ms is not None else "== searches per solved rollout: n/a")
+    lines.append(f"== searches per solved rollout: {ms:.2f}" if ms is not None
+                 else "== searches per solved rollout: n/a")
     if metrics:
         lines.append("== reward trends (per step) ==")
         lines.append("  step  proposer  solver  ranker  acceptance")
@@ -145,7 +172,7 @@ def write_html(out: Path, run_dir: Path, text: str, metrics: list[dict], records
 
     png = _plot_png(metrics)
     rows = "".join(
-        f"<tr><td>{r.get('step')}</td><td>{html.escape(str(r.get('reference')))}</td>"
+        f"<tr><td>{r.get('step')}</td><td>{html.escape(str(r.get('reference_question')))}</td>"
         f"<td>{html.escape(str(r.get('target')))}</td><td>{html.escape(str(r.get('question')))}</td>"
         f"<td>{html.escape(str(r.get('reason')))}</td><td>{r.get('accuracy')}</td><td>{hop_count(r)}</td></tr>"
         for r in records[:500])

@@ -17,7 +17,7 @@ import ray
 from ray.exceptions import RayActorError, RayTaskError
 
 from coevo.core.config import CoevoConfig, PolicyConfig
-from coevo.core.types import Completion, SamplingParams
+from coevo.core.types import Completion, EvidencePath, SamplingParams, Verdict
 from coevo.train.models import resolve_model_path
 from coevo.train.policy import Policy
 from evidence.corpus import corpus_source, load_corpus
@@ -114,17 +114,19 @@ class EvidenceWorker:
     def ready(self) -> bool:
         return True
 
-    def validate_targets(self, targets: list[str], references: list[str]) -> list[dict]:
-        return [v.to_dict() for v in self.pipeline.validate_targets(targets, references)]
+    # Verdicts and paths cross the Ray boundary as the dataclasses themselves (Ray pickles
+    # them), so the driver never reads them back by key.
+    def validate_targets(self, targets: list[str], references: list[str]) -> list[Verdict]:
+        return self.pipeline.validate_targets(targets, references)
 
-    def build_paths(self, targets: list[str], seed: int) -> list[list[dict]]:
+    def build_paths(self, targets: list[str], seed: int) -> list[list[EvidencePath]]:
         import random
 
-        paths = self.pipeline.build_paths(targets, random.Random(seed))
-        return [[p.to_dict() for p in row] for row in paths]
+        return self.pipeline.build_paths(targets, random.Random(seed))
 
-    def validate_questions(self, questions: list[str], targets: list[str], paths: list[dict]) -> list[dict]:
-        return [v.to_dict() for v in self.pipeline.validate_questions(questions, targets, paths)]
+    def validate_questions(self, questions: list[str], targets: list[str],
+                           paths: list[EvidencePath]) -> list[Verdict]:
+        return self.pipeline.validate_questions(questions, targets, paths)
 
 
 class RemoteEvidence:
@@ -133,13 +135,14 @@ class RemoteEvidence:
     def __init__(self, actor: Any) -> None:
         self.actor = actor
 
-    def validate_targets(self, targets: list[str], references: list[str]) -> list[dict]:
+    def validate_targets(self, targets: list[str], references: list[str]) -> list[Verdict]:
         return call(self.actor.validate_targets.remote(targets, references), "target validation")
 
-    def build_paths(self, targets: list[str], seed: int) -> list[list[dict]]:
+    def build_paths(self, targets: list[str], seed: int) -> list[list[EvidencePath]]:
         return call(self.actor.build_paths.remote(targets, seed), "evidence paths")
 
-    def validate_questions(self, questions: list[str], targets: list[str], paths: list[dict]) -> list[dict]:
+    def validate_questions(self, questions: list[str], targets: list[str],
+                           paths: list[EvidencePath]) -> list[Verdict]:
         return call(self.actor.validate_questions.remote(questions, targets, paths), "question validation")
 
 
@@ -200,11 +203,11 @@ class RemotePolicy:
 class Actors:
     """Every actor of a run plus the driver-side proxies the loop uses."""
 
-    proposer: RemotePolicy
+    proposer: Optional[RemotePolicy]  # None in `coevo.solve` (labelled questions, no proposer)
     solver: RemotePolicy
     ranker: Optional[RemotePolicy]  # None when ranker.mode is none/oracle; the solver's when shared
     retrieval: RemoteRetriever
-    evidence: RemoteEvidence
+    evidence: Optional[RemoteEvidence]  # None in `coevo.solve`
     trainable: dict[str, RemotePolicy]  # role -> policy whose weights change and are checkpointed
 
 
@@ -241,7 +244,8 @@ def create_actors(cfg: CoevoConfig) -> Actors:
     solver = _policy_actor(cfg.solver, "solver", cfg.seed + 2)
     ranker: Optional[RemotePolicy] = None
     if cfg.ranker.mode in ("trainable", "frozen"):
-        ranker = solver if cfg.ranker.share_backbone else _policy_actor(_ranker_policy_cfg(cfg), "ranker", cfg.seed + 3)
+        # mode=frozen already set ranker.frozen (coevo.core.config.resolve_frozen): never trained.
+        ranker = solver if cfg.ranker.share_backbone else _policy_actor(cfg.ranker, "ranker", cfg.seed + 3)
     retrieval = RemoteRetriever(ray.remote(RetrievalWorker).options(num_cpus=1).remote(cfg))
     evidence = RemoteEvidence(ray.remote(EvidenceWorker).options(num_cpus=1).remote(cfg))
     trainable = {r: p for r, p in (("proposer", proposer), ("solver", solver)) if not p.frozen}
@@ -266,25 +270,19 @@ def wait_until_ready(handles: dict[str, Any], timeout_s: float) -> None:
                            f"the CPUs/GPUs they request ({ray.available_resources()} available)")
 
 
-def _ranker_policy_cfg(cfg: CoevoConfig) -> PolicyConfig:
-    # ranker.mode=frozen is the fixed-ranker baseline: same weights, never updated.
-    if cfg.ranker.mode == "frozen" and not cfg.ranker.frozen:
-        import dataclasses
+def create_local_actors(cfg: CoevoConfig, with_proposer: bool = True) -> Actors:
+    """The same wiring in one process, without Ray (tests and debugging; `ray.local=true`).
 
-        return dataclasses.replace(cfg.ranker, frozen=True)
-    return cfg.ranker
-
-
-def create_local_actors(cfg: CoevoConfig) -> Actors:
-    """The same wiring in one process, without Ray (tests and debugging; `ray.local=true`)."""
-
-    proposer = Policy.from_config(cfg.proposer, "proposer")
+    `with_proposer=False` (`coevo.solve`) loads neither the proposer nor the evidence stage.
+    """
+    proposer = Policy.from_config(cfg.proposer, "proposer") if with_proposer else None
     solver = Policy.from_config(cfg.solver, "solver")
     ranker = None
     if cfg.ranker.mode in ("trainable", "frozen"):
-        ranker = solver if cfg.ranker.share_backbone else Policy.from_config(_ranker_policy_cfg(cfg), "ranker")
+        ranker = solver if cfg.ranker.share_backbone else Policy.from_config(cfg.ranker, "ranker")
     retriever = build_retriever(load_corpus(corpus_source(cfg.corpus)), cfg.retrieval.backend, cfg.retrieval.cache_dir)
-    trainable = {r: p for r, p in (("proposer", proposer), ("solver", solver)) if not p.frozen}
+    trainable = {r: p for r, p in (("proposer", proposer), ("solver", solver)) if p is not None and not p.frozen}
     if ranker is not None and ranker is not solver and not ranker.frozen:
         trainable["ranker"] = ranker
-    return Actors(proposer, solver, ranker, retriever, EvidenceWorker(cfg), trainable)  # type: ignore[arg-type]
+    evidence = EvidenceWorker(cfg) if with_proposer else None
+    return Actors(proposer, solver, ranker, retriever, evidence, trainable)  # type: ignore[arg-type]

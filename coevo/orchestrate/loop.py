@@ -1,18 +1,19 @@
 """The co-evolution driver (SPEC §2): one step = propose → validate → solve → reward → update.
 
-`coevolution_step` is the whole algorithm and reads top to bottom; `train` wraps it with
-the data cursor, dumps, metrics, checkpoints and resume.
+`coevolution_step` is the whole algorithm and reads top to bottom; `coevo.run` wraps it with
+the data cursor, dumps, metrics, checkpoints and resume. `solve_tasks`, `role_batches` and
+`apply_updates` are also the whole of `coevo.solve`'s step (the same step without the
+proposer stages), so both train the solver and the ranker through one path.
 """
 from __future__ import annotations
 
 import time
 from contextlib import contextmanager
 from dataclasses import dataclass, field
-from typing import Any, Iterator
+from typing import Any, Collection, Iterator, Mapping, Sequence
 
 from coevo.core.config import CoevoConfig
-from coevo.core.grpo import group_advantages
-from coevo.core.types import SamplingParams
+from coevo.core.types import SamplingParams, TrainSequence
 from coevo.orchestrate.records import candidate_record, step_metrics
 from proposer.pipeline import (
     Candidate,
@@ -24,8 +25,8 @@ from proposer.pipeline import (
     propose_targets,
     proposer_sequences,
 )
-from solver.agent import Task, run_episodes
-from solver.ranker import SearchTool, build_ranker
+from solver.agent import Episode, Task, run_episodes
+from solver.ranker import RankerCall, SearchTool, build_ranker
 from solver.training import ranker_sequences, score_ranker, score_solver, solver_sequences
 
 
@@ -42,6 +43,11 @@ class StageTimer:
         self.seconds[stage] = round(self.seconds.get(stage, 0.0) + time.perf_counter() - t0, 3)
 
 
+def step_seed(seed: int, step: int) -> int:
+    """Sampling seed of one step: a resumed step samples exactly what the original would have."""
+    return (seed * 1_000_003 + step * 7919) % (2**31 - 1)
+
+
 def coevolution_step(step: int, references: list[tuple[int, str]], actors: Any, cfg: CoevoConfig,
                      seed: int, progress: Any = print) -> tuple[list[dict], dict]:
     """Run one step of SPEC §2 and return (task-dump records, metrics)."""
@@ -56,15 +62,15 @@ def coevolution_step(step: int, references: list[tuple[int, str]], actors: Any, 
         check_questions(actors.evidence, cands)
     tasks = {f"s{step}-q{c.ref_index}-c{c.index}": c for c in cands if c.accepted}
     progress(f"step {step}: {len(tasks)}/{len(cands)} tasks accepted; solving with G={cfg.solver.group_size}")
+    todo = [Task(tid, c.question, [c.target], c.path.evidence_ids if c.path is not None else [])
+            for tid, c in tasks.items()]
     with timer("solve"):
-        episodes = solve_tasks(tasks, actors, cfg, seed + 2)
-        accuracy = score_solver(episodes, cfg.solver)
-        groups = score_ranker(episodes, cfg.ranker)
+        episodes, groups, accuracy = solve_tasks(todo, actors, cfg, seed + 2)
     for task_id, cand in tasks.items():
         cand.accuracy = accuracy.get(task_id)
     assign_proposer_rewards(cands, cfg.proposer)
     with timer("update"):
-        updates = update_policies(actors, cands, episodes, groups, cfg)
+        updates = apply_updates(actors.trainable, role_batches(cfg, actors.trainable, cands, episodes, groups))
     metrics = {**step_metrics(cands, episodes, groups, cfg.ranker.top_k), "update": updates,
                "time_s": timer.seconds}
     task_of = {id(c): t for t, c in tasks.items()}
@@ -74,46 +80,51 @@ def coevolution_step(step: int, references: list[tuple[int, str]], actors: Any, 
     return records, metrics
 
 
-def solve_tasks(tasks: dict[str, Candidate], actors: Any, cfg: CoevoConfig, seed: int) -> list[Any]:
-    """G solver rollouts per accepted task, all live episodes batched per turn."""
+def solve_tasks(tasks: list[Task], actors: Any, cfg: CoevoConfig,
+                seed: int) -> tuple[list[Episode], list[list[RankerCall]], dict[str, float]]:
+    """G solver rollouts per task (all live episodes batched per turn), then their rewards.
+
+    Returns (episodes, the ranker's GRPO groups, solver accuracy per task id). Shared by
+    the co-evolution step and `coevo.solve`, whose step is this plus the update.
+    """
     if not tasks:
-        return []
+        return [], [], {}
     ranker = build_ranker(cfg.ranker, solver_policy=actors.solver, load_policy=lambda: actors.ranker)
     tool = SearchTool(actors.retrieval, ranker, cfg.ranker)
-    todo = [Task(tid, c.question, [c.target], list((c.path or {}).get("evidence_ids", []))) for tid, c in tasks.items()]
     sampling = SamplingParams(temperature=cfg.solver.temperature, top_p=cfg.solver.top_p,
                               max_new_tokens=cfg.solver.max_new_tokens, stop=["</search>", "</answer>"], seed=seed)
-    return run_episodes(actors.solver, todo, tool, cfg.solver, sampling=sampling)
+    episodes = run_episodes(actors.solver, tasks, tool, cfg.solver, sampling=sampling)
+    accuracy = score_solver(episodes, cfg.solver)
+    return episodes, score_ranker(episodes, cfg.ranker), accuracy
 
 
-def update_policies(actors: Any, cands: list[Candidate], episodes: list[Any], groups: list[Any],
-                    cfg: CoevoConfig) -> dict[str, Any]:
-    """One GRPO update per trainable policy (frozen ones and empty batches are skipped)."""
-    out: dict[str, Any] = {}
-    if "proposer" in actors.trainable:
-        ids = [c.ref_index for c in cands]
-        adv, n_zero = group_advantages(_tensor([c.reward for c in cands]), ids, scale_std=cfg.proposer.scale_std)
-        batch = proposer_sequences(cands, adv.tolist())
-        out["proposer"] = {**_update(actors.proposer, batch), "zero_var_groups": int(n_zero)}
-    if "solver" in actors.trainable or (cfg.ranker.share_backbone and "solver" in actors.trainable):
+def role_batches(cfg: CoevoConfig, roles: Collection[str], cands: Sequence[Candidate], episodes: Sequence[Episode],
+                 groups: Sequence[Sequence[RankerCall]]) -> dict[str, tuple[list[TrainSequence], dict[str, Any]]]:
+    """(GRPO batch, its group statistics) for each trainable role in `roles`.
+
+    With `ranker.share_backbone` there is no separate ranker policy: a trainable ranker's
+    calls join the solver's batch (one update of the shared weights) and their statistics
+    nest under `solver.ranker`.
+    """
+    out: dict[str, tuple[list[TrainSequence], dict[str, Any]]] = {}
+    if "proposer" in roles:
+        out["proposer"] = proposer_sequences(cands, cfg.proposer.scale_std)
+    if "solver" in roles:
         batch, info = solver_sequences(episodes, cfg.solver.scale_std)
         if cfg.ranker.share_backbone and cfg.ranker.mode == "trainable":
-            ranker_batch, rinfo = ranker_sequences(groups, cfg.ranker.scale_std)
-            batch, info = batch + ranker_batch, {**info, "ranker": rinfo}
-        out["solver"] = {**_update(actors.solver, batch), **info}
-    if "ranker" in actors.trainable:
-        batch, info = ranker_sequences(groups, cfg.ranker.scale_std)
-        out["ranker"] = {**_update(actors.ranker, batch), **info}
+            ranker_batch, ranker_info = ranker_sequences(groups, cfg.ranker.scale_std)
+            batch, info = batch + ranker_batch, {**info, "ranker": ranker_info}
+        out["solver"] = (batch, info)
+    if "ranker" in roles:
+        out["ranker"] = ranker_sequences(groups, cfg.ranker.scale_std)
     return out
 
 
-def _update(policy: Any, batch: list) -> dict:
-    if not batch:
-        return {"skipped": True, "n_seqs": 0}
-    return policy.update(batch)
-
-
-def _tensor(xs: list[float]):  # noqa: ANN202
-    import torch
-
-    return torch.tensor(xs, dtype=torch.float32)
+def apply_updates(policies: Mapping[str, Any],
+                  batches: Mapping[str, tuple[list[TrainSequence], dict[str, Any]]]) -> dict[str, dict[str, Any]]:
+    """One GRPO update per role; metrics nested as `update/<role>/<key>` (an empty batch is skipped)."""
+    out = {}
+    for role, (batch, info) in batches.items():
+        result = policies[role].update(batch) if batch else {"skipped": True, "n_seqs": 0}
+        out[role] = {**result, **info}
+    return out

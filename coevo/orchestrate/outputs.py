@@ -6,16 +6,25 @@ re-run step never appears twice.
 """
 from __future__ import annotations
 
-import json
 import math
 from pathlib import Path
 from typing import Any, Iterable, Optional
 
-from coevo.core.io import append_jsonl, atomic_write_jsonl, atomic_write_text
+from coevo.core.io import (
+    append_jsonl,
+    atomic_write_jsonl,
+    atomic_write_text,
+    iter_jsonl,
+    iter_lines,
+    package_path,
+    parse_json_line,
+    step_name,
+    step_of,
+)
 
 
 def dump_path(run_dir: Path, step: int) -> Path:
-    return Path(run_dir) / "tasks" / f"step_{step}.jsonl"
+    return Path(run_dir) / "tasks" / step_name(step, ".jsonl")
 
 
 def write_task_dump(run_dir: Path, step: int, records: Iterable[dict]) -> Path:
@@ -26,19 +35,8 @@ def write_task_dump(run_dir: Path, step: int, records: Iterable[dict]) -> Path:
 
 
 def read_jsonl(path: Path) -> list[dict]:
-    """Records of a JSONL file; a torn last line (killed writer) is skipped, others must parse."""
-    rows = []
-    lines = Path(path).read_text(encoding="utf-8").splitlines()
-    for i, line in enumerate(lines, 1):
-        if not line.strip():
-            continue
-        try:
-            rows.append(json.loads(line))
-        except json.JSONDecodeError as e:
-            if i == len(lines):
-                break  # an append interrupted mid-line; everything before it is intact
-            raise ValueError(f"{path}:{i}: malformed JSON line ({e.msg})") from None
-    return rows
+    """Records of a run's JSONL output; a torn last line (killed writer) is skipped, others must parse."""
+    return [rec for _, rec in iter_jsonl(path, skip_torn_last=True)]
 
 
 def _finite(x: Any) -> Any:
@@ -98,12 +96,10 @@ def drop_dumps_after(run_dir: Path, step: int) -> None:
     """Remove task dumps of steps > `step` (a resumed run re-creates them)."""
     tasks = Path(run_dir) / "tasks"
     if tasks.is_dir():
-        for f in tasks.glob("step_*.jsonl"):
-            try:
-                if int(f.stem.split("_", 1)[1]) > step:
-                    f.unlink()
-            except ValueError:
-                continue
+        for f in tasks.iterdir():
+            n = step_of(f.name, ".jsonl")
+            if n is not None and n > step:
+                f.unlink()
 
 
 def write_config(run_dir: Path, yaml_text: str, name: str = "config.yaml") -> None:
@@ -112,20 +108,13 @@ def write_config(run_dir: Path, yaml_text: str, name: str = "config.yaml") -> No
 
 def load_reference_questions(path: Optional[str]) -> list[str]:
     """Reference questions: text (one per line) or JSONL with `question`; default: bundled set."""
-    if path is None:
-        path = str(Path(__file__).resolve().parent.parent.parent / "proposer" / "data" / "reference_questions.txt")
-    p = Path(path).expanduser()
+    p = package_path("proposer", "data/reference_questions.txt") if path is None else Path(path).expanduser()
     if not p.exists():
         raise FileNotFoundError(f"run.reference_questions: file {p} does not exist")
     questions = []
-    for i, line in enumerate(p.read_text(encoding="utf-8").splitlines(), 1):
-        if not line.strip():
-            continue
+    for i, line in iter_lines(p):
         if p.suffix in (".jsonl", ".json") or line.lstrip().startswith("{"):
-            try:
-                rec = json.loads(line)
-            except json.JSONDecodeError as e:
-                raise ValueError(f"{p}:{i}: malformed JSON ({e.msg})") from None
+            rec = parse_json_line(line, f"{p}:{i}")
             if not isinstance(rec, dict) or not isinstance(rec.get("question"), str):
                 raise ValueError(f"{p}:{i}: expected an object with a string 'question'")
             questions.append(rec["question"].strip())

@@ -9,16 +9,14 @@ from __future__ import annotations
 
 import json
 import random
-import re
 from pathlib import Path
 from typing import Any, Callable, Optional
 
 import numpy as np
 import torch
 
-from coevo.core.io import atomic_dir, atomic_write_text
+from coevo.core.io import atomic_dir, atomic_write_text, step_name, step_of
 
-_STEP_DIR = re.compile(r"^step_(\d+)$")
 MARKER = "COMPLETE"
 
 
@@ -45,7 +43,7 @@ def restore_rng(state: dict[str, Any]) -> None:
 def save_checkpoint(run_dir: Path, step: int, cursor: int,
                     save_policy: Callable[[str, Path], None], roles: list[str]) -> Path:
     """Write checkpoint `step` atomically; `save_policy(role, dir)` writes one policy."""
-    target = Path(run_dir) / "checkpoints" / f"step_{step}"
+    target = Path(run_dir) / "checkpoints" / step_name(step)
     with atomic_dir(target) as tmp:
         for role in roles:
             save_policy(role, tmp / role)
@@ -62,9 +60,9 @@ def latest_checkpoint(run_dir: Path) -> Optional[Path]:
         return None
     steps = []
     for child in root.iterdir():
-        m = _STEP_DIR.match(child.name)
-        if m and (child / MARKER).exists() and (child / "state.json").exists():
-            steps.append((int(m.group(1)), child))
+        n = step_of(child.name)
+        if n is not None and (child / MARKER).exists() and (child / "state.json").exists():
+            steps.append((n, child))
     return max(steps)[1] if steps else None
 
 
@@ -82,7 +80,7 @@ def prune_checkpoints(run_dir: Path, keep: int = 2) -> None:
     import shutil
 
     root = Path(run_dir) / "checkpoints"
-    done = sorted((int(m.group(1)), c) for c in root.iterdir()
-                  if (m := _STEP_DIR.match(c.name)) and (c / MARKER).exists())
+    done = sorted((n, c) for c in root.iterdir()
+                  if (n := step_of(c.name)) is not None and (c / MARKER).exists())
     for _, path in done[:-keep] if keep > 0 else []:
         shutil.rmtree(path, ignore_errors=True)

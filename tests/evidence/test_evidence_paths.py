@@ -55,13 +55,13 @@ def test_certify_survives_junk():
 
 
 def test_round_trip_through_json():
-    data = json.loads(json.dumps(GOOD.to_dict()))
+    data = json.loads(json.dumps(GOOD.to_record()))
     assert data["evidence_ids"] == ["t1", "t2"] and data["hops"][0]["sentence"].startswith("Hank Snow")
-    assert EvidencePath.from_dict(data) == GOOD
+    assert EvidencePath.from_record(data) == GOOD
     with pytest.raises(ValueError):
-        EvidencePath.from_dict({"hops": [{"head": "a"}]})
+        EvidencePath.from_record({"hops": [{"head": "a"}]})
     with pytest.raises(ValueError):
-        EvidencePath.from_dict(["not", "a", "dict"])
+        EvidencePath.from_record(["not", "a", "dict"])
 
 
 @pytest.mark.slow
@@ -96,8 +96,8 @@ def test_hop_budget_is_an_upper_bound(toy_retriever, toy_index, max_hops, expect
 @pytest.mark.slow
 def test_seeded_reproducibility_and_branching(toy_retriever, toy_index):
     def run(target, seed, branching=2):
-        return [p.to_dict() for p in build_evidence_paths(target, toy_retriever, toy_index, branching=branching,
-                                                          rng=random.Random(seed))]
+        return [p.to_record() for p in build_evidence_paths(target, toy_retriever, toy_index, branching=branching,
+                                                            rng=random.Random(seed))]
 
     for target in ("Marie Curie", "Sweden", "Paris", "Warsaw"):
         assert run(target, 7) == run(target, 7)

@@ -47,7 +47,7 @@ def test_target_support_evidence(toy_retriever, toy_index):
     assert set(verdict.evidence) == {"t0", "t1"} and verdict.detail == "PERSON"
     assert validate_target("Nashville", toy_retriever, toy_index, max_chars=5).reason == "too_long"
     assert validate_target("Nashville", toy_retriever, toy_index, k=0).reason == "no_corpus_support"
-    assert verdict.to_dict() == {"ok": True, "reason": "ok", "evidence": list(verdict.evidence), "detail": "PERSON"}
+    assert verdict.to_record() == {"ok": True, "reason": "ok", "evidence": list(verdict.evidence), "detail": "PERSON"}
 
 
 @pytest.mark.parametrize("question, target, reason", [
@@ -97,7 +97,7 @@ def test_no_evidence(path):
 
 def test_path_from_task_dump_dict():
     assert validate_question("Which state is the city Hank Snow moved to in?", "Tennessee",
-                             PATH.to_dict()) == Verdict(True, "ok", ("t1", "t2"))
+                             PATH.to_record()) == Verdict(True, "ok", ("t1", "t2"))
 
 
 @pytest.mark.slow
@@ -112,5 +112,5 @@ def test_pipeline_batches(toy_corpus, toy_retriever, toy_index):
     assert paths == pipe.build_paths(["Tennessee", "Atlantis", "Marie Curie"], rng=5)
     assert len(paths[0]) == 1 and paths[1] == [] and paths[2]
     checks = pipe.validate_questions(["Which state is the city Hank Snow moved to in?", "Tennessee?"],
-                                     ["Tennessee", "Tennessee"], [paths[0][0], paths[0][0].to_dict()])
+                                     ["Tennessee", "Tennessee"], [paths[0][0], paths[0][0]])
     assert [c.reason for c in checks] == ["ok", "too_short"]

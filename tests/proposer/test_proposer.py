@@ -3,6 +3,9 @@ import pytest
 from hypothesis import given
 from hypothesis import strategies as st
 
+from coevo.core.config import compose, to_object
+from coevo.core.types import EvidencePath, Hop, Verdict
+from proposer.pipeline import PENDING, check_targets, propose_targets
 from proposer.prompts import parse_question, parse_target, question_messages, target_messages
 from proposer.reward import difficulty_reward, proposer_reward
 
@@ -53,7 +56,23 @@ def test_invalid_penalty_and_bad_kind():
 def test_prompts_mention_inputs_and_conceal_nothing_else():
     msgs = target_messages("who wrote hamlet")
     assert "who wrote hamlet" in msgs[-1]["content"] and "<target>" in msgs[-1]["content"]
-    path = {"hops": [{"head": "Hamlet", "tail": "Denmark", "sentence": "Hamlet is set in Denmark.", "title": "Hamlet"}]}
-    q = question_messages("Denmark", path)[-1]["content"]
-    assert "Hamlet -> Denmark" in q and "Hamlet is set in Denmark." in q
-    assert question_messages("X", {})[-1]["content"]  # a path without hops still renders
+    hop = Hop("Hamlet", "Denmark", "Hamlet is set in Denmark.", "p1", "Hamlet", 1.0, "relation")
+    q = question_messages("Denmark", EvidencePath("Denmark", (hop,)))[-1]["content"]
+    assert "Hamlet -> Denmark" in q and "Hamlet is set in Denmark." in q and "(Hamlet)" in q
+    assert question_messages("X", EvidencePath("X"))[-1]["content"]  # a path without hops still renders
+
+
+def test_stage_rejections_are_verdicts(scripted_policy):
+    class NoEvidence:
+        def validate_targets(self, targets, references):
+            return [Verdict(False, "no_corpus_support", (), "none") for _ in targets]
+
+    replies = {0: "Rome</target>", 1: "x" * 100}  # the second is cut by the token budget: no closing tag
+    policy = scripted_policy(lambda prompt, occ: replies[int("second" in prompt)])
+    cfg = to_object(compose(["experiment=smoke"])).proposer
+    cands = propose_targets(policy, [(0, "first question"), (1, "second question")], cfg, seed=0)
+    check_targets(NoEvidence(), cands)
+    rome, cut = cands
+    assert rome.target_verdict == Verdict(False, "no_corpus_support", (), "none") and rome.reason == "no_corpus_support"
+    assert cut.target_verdict == Verdict(False, "parse:no_target_tag") and cut.reason == "parse:no_target_tag"
+    assert rome.question_verdict is PENDING and cut.to_record(None, [], {})["question_verdict"] == PENDING.to_record()

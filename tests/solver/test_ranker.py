@@ -125,7 +125,7 @@ def test_trainable_mode_uses_ranker_order_and_records_training_data(make_tool):
     assert call.chosen_ids == ["p3", "p2"] and [p.id for p in result.passages] == ["p3", "p2"]
     assert call.format_ok and call.reason == "ok" and call.generated
     assert call.i_ans and call.relevant == [True, False, True, False]
-    assert policy.tokenizer.decode(call.completion_ids) == call.text
+    assert policy.tokenizer.decode(call.completion_ids) == call.output
     assert len(call.logprobs) == len(call.completion_ids)
     assert policy.tokenizer.decode(call.prompt_ids).count("Candidates:") == 2  # demonstration + this call
     assert (call.task_id, call.rollout_idx, call.turn) == ("t1", 0, 0)

@@ -26,8 +26,9 @@ ENGINES: dict[str, EngineFactory] = {
 
 def build_engine(cfg: PolicyConfig, model: Any, tokenizer: Any) -> Engine:
     """Generation engine named by `cfg.engine`."""
-    factory = ENGINES.get(str(getattr(cfg.engine, "value", cfg.engine)))
+    name = str(getattr(cfg.engine, "value", cfg.engine))
+    factory = ENGINES.get(name)
     if factory is None:
-        raise ValueError(f"config key engine={cfg.engine!r} is not available in this build; "
+        raise ValueError(f"config key engine={name!r} is not available in this build; "
                          f"known engines: {sorted(ENGINES)}")
     return factory(model, tokenizer, cfg)

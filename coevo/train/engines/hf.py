@@ -73,7 +73,7 @@ class _StopStrings(StoppingCriteria):
         self.prompt_len = prompt_len
         self.stop_len: list[Optional[int]] = [None] * n_rows
 
-    def __call__(self, input_ids: torch.LongTensor, scores, **kwargs) -> torch.BoolTensor:  # noqa: ANN001
+    def __call__(self, input_ids: torch.LongTensor, scores, **kwargs: object) -> torch.BoolTensor:  # noqa: ANN001
         gen = input_ids[:, self.prompt_len:].tolist()
         for r, ids in enumerate(gen):
             if self.stop_len[r] is None and self.stops:

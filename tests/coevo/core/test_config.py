@@ -1,7 +1,25 @@
 """Hydra config: presets, typed schema, errors naming the key and the valid choices."""
-import pytest
+import json
+from pathlib import Path
 
-from coevo.core.config import compose, to_object
+import pytest
+import yaml
+from hydra.core.config_store import ConfigStore
+from omegaconf import OmegaConf
+
+from coevo.core.config import (
+    CONFIG_DIR,
+    SCHEMAS,
+    EvalRootConfig,
+    PolicyConfig,
+    RankerMode,
+    SolveRootConfig,
+    compose,
+    register_schema,
+    to_object,
+)
+
+ROLES = ("proposer", "solver", "ranker")
 
 
 def test_default_and_presets():
@@ -22,6 +40,8 @@ def test_smoke_experiment():
 def test_rollout_engine_interpolates():
     cfg = to_object(compose(["rollout=vllm"]))
     assert cfg.solver.engine == cfg.ranker.engine == "vllm"
+    assert type(cfg.solver.engine) is type(cfg.rollout.engine)  # the interpolation yields the enum
+    assert PolicyConfig.engine == "${rollout.engine}"
 
 
 def test_wrong_preset_lists_choices():
@@ -34,12 +54,98 @@ def test_unknown_key_named():
         compose(["solver.nope=1"])
 
 
-@pytest.mark.parametrize("override,key", [
-    ("ranker.mode=best", "ranker.mode"),
-    ("retrieval.backend=bm99", "retrieval.backend"),
-    ("ranker.top_k=20", "ranker.top_k"),
-    ("solver.reward.correctness=acc", "solver.reward.correctness"),
+@pytest.mark.parametrize("override,key,choices", [
+    ("ranker.mode=best", "ranker.mode", "trainable, frozen, none, oracle"),
+    ("ranker.grouping=x", "ranker.grouping", "semantic, by_question"),
+    ("ranker.relevance=x", "ranker.relevance", "answer, evidence, both"),
+    ("retrieval.backend=bm99", "retrieval.backend", "bm25s, rank_bm25, dense_minilm"),
+    ("solver.reward.correctness=acc", "solver.reward.correctness", "em, f1"),
+    ("proposer.reward=linear", "proposer.reward", "abs, quadratic"),
+    ("rollout.engine=tpu", "rollout.engine", "hf, vllm"),
+    ("solver.engine=tpu", "solver.engine", "hf, vllm"),
+    ("ranker.dtype=fp8", "ranker.dtype", "float32, bfloat16, float16"),
 ])
-def test_bad_values_name_key(override, key):
-    with pytest.raises(ValueError, match=key.replace(".", r"\.")):
-        to_object(compose([override]))
+def test_bad_enum_values_name_key_and_choices(override, key, choices):
+    with pytest.raises(ValueError, match=rf"(?s)expected one of \[{choices}\].*full_key: {key}"):
+        compose([override])
+
+
+@pytest.mark.parametrize("root,override,key,choices", [
+    ("eval", "mode=agnet", "mode", "direct, rag, agent"),
+    ("eval", "untagged=x", "untagged", "empty, raw"),
+    ("solve", "ranker.mode=best", "ranker.mode", "trainable, frozen, none, oracle"),
+])
+def test_bad_enum_values_in_other_roots(root, override, key, choices):
+    with pytest.raises(ValueError, match=rf"(?s)expected one of \[{choices}\].*full_key: {key}"):
+        compose([override], config_name=root)
+
+
+def test_bad_range_names_key():
+    with pytest.raises(ValueError, match=r"ranker\.top_k"):
+        to_object(compose(["ranker.top_k=20"]))
+
+
+def test_enums_behave_as_strings():
+    cfg = to_object(compose(["experiment=fixed_ranker", "solver.reward.correctness=f1"]))
+    assert cfg.ranker.mode is RankerMode.frozen and cfg.ranker.mode == "frozen"
+    assert cfg.ranker.mode in ("trainable", "frozen")
+    assert f"{cfg.ranker.mode}/{cfg.solver.dtype}" == "frozen/float32" and str(cfg.retrieval.backend) == "bm25s"
+    assert json.dumps({"c": cfg.solver.reward.correctness}) == '{"c": "f1"}'
+    assert {"f1": 1}[cfg.solver.reward.correctness] == 1
+    # config.yaml of a run (the composed config) and a typed object written back: plain strings
+    for node in (compose(["experiment=fixed_ranker"]), OmegaConf.structured(cfg)):
+        written = yaml.safe_load(OmegaConf.to_yaml(node, resolve=True))
+        assert written["ranker"]["mode"] == "frozen" and type(written["ranker"]["mode"]) is str
+        assert written["solver"]["engine"] == "hf" and written["retrieval"]["backend"] == "bm25s"
+
+
+def test_eval_out_interpolates_the_mode_string():
+    cfg = to_object(compose(["mode=rag"], config_name="eval"), EvalRootConfig)
+    assert cfg.out.startswith("runs/eval/rag-") and cfg.mode == "rag"
+
+
+@pytest.mark.parametrize("overrides,frozen", [
+    ([], False), (["ranker.mode=frozen"], True), (["experiment=fixed_ranker"], True), (["ranker.frozen=true"], True),
+    (["ranker.mode=none"], False),
+])
+def test_ranker_mode_frozen_loads_the_ranker_frozen(overrides, frozen):
+    assert to_object(compose(overrides)).ranker.frozen is frozen
+    solve = to_object(compose(overrides, config_name="solve"), SolveRootConfig)
+    assert isinstance(solve, SolveRootConfig) and solve.ranker.frozen is frozen
+
+
+def test_eval_loads_every_policy_frozen():
+    cfg = to_object(compose(["ranker.mode=trainable"], config_name="eval"), EvalRootConfig)
+    assert cfg.solver.frozen and cfg.ranker.frozen and cfg.proposer.frozen
+
+
+def test_one_registration_for_all_roots():
+    register_schema()
+    stored = ConfigStore.instance().repo
+    assert {f"{name}.yaml" for name in SCHEMAS} <= set(stored)
+    assert SCHEMAS["solve_schema"] is SolveRootConfig and SCHEMAS["eval_schema"] is EvalRootConfig
+
+
+def _defaults(name):
+    return yaml.safe_load((Path(CONFIG_DIR) / f"{name}.yaml").read_text())["defaults"]
+
+
+def test_roots_share_one_defaults_list():
+    for root, corpus in (("coevo", "vital_articles"), ("solve", "wiki_mini"), ("eval", "wiki_mini")):
+        assert _defaults(root)[:5] == [f"{root}_schema", "common", {"corpus": corpus}, "_self_",
+                                       {"experiment": None}]
+    groups = [next(iter(d)) for d in _defaults("common")]
+    assert groups == [*ROLES, "retrieval", "rollout"]
+
+
+def test_role_presets_are_the_model_presets():
+    models = sorted(p.stem for p in (Path(CONFIG_DIR) / "model").glob("*.yaml"))
+    assert "tiny-random" in models and "smollm2-135m" in models
+    for role in ROLES:
+        assert sorted(p.stem for p in (Path(CONFIG_DIR) / role).glob("*.yaml")) == models
+        for name in models:
+            assert _defaults(f"{role}/{name}") == [{"/model@_here_": name}]
+    cfg = compose([f"{role}=qwen2.5-7b" for role in ROLES])
+    preset = yaml.safe_load((Path(CONFIG_DIR) / "model" / "qwen2.5-7b.yaml").read_text())
+    for role in ROLES:
+        assert {k: cfg[role][k] for k in preset} == preset

@@ -27,15 +27,18 @@ from coevo.evaluate.metrics import (
 )
 from evidence.corpus import Corpus, Passage
 from evidence.retrieval import Hit
-from solver.ranker import Ranker, SearchTool
+from solver.ranker import Ranker, RankerCall, SearchTool
 
 REPO = Path(__file__).resolve().parents[3]
 
 
 # ---- aggregation by hand ---------------------------------------------------------------------
 
-def _search(shown, observed=True, ranker_ok=True):
-    return search_record("q", shown + ["c9"], shown, observed, ranker_ok)
+def _search(shown, observed=True, format_ok=True):
+    call = RankerCall(q0="q0", sub_query="q", task_id="t", rollout_idx=0, turn=0, mode="frozen",
+                      candidate_ids=shown + ["c9"], chosen_ids=shown, format_ok=format_ok, reason="ok", i_ans=False,
+                      relevant=[False] * (len(shown) + 1))
+    return search_record(call, observed)
 
 
 def toy_records():
@@ -50,7 +53,7 @@ def toy_records():
         # EM 0, F1 1/2 (P 1/3, R 1), cover 1 ("beatles" in "beatles were band"); no search: recall 0
         ("a3", ["the Beatles"], "Beatles were a band", True, [], ["g4"]),
         # format failure: 0 / 0 / 0; 3 searches, no gold shown, one malformed ranking
-        ("a4", ["42"], "", False, [_search(["x", "y", "z"]), _search(["x", "y", "z"], ranker_ok=False),
+        ("a4", ["42"], "", False, [_search(["x", "y", "z"]), _search(["x", "y", "z"], format_ok=False),
                                    _search(["x", "y", "z"])], ["g5"]),
     ]
     beta = [  # no gold ids: no retrieval metrics
@@ -149,9 +152,9 @@ def test_overrides_and_errors_name_the_key_and_choices(tmp_path):
         compose_eval(["dat=x"])
     with pytest.raises(ValueError, match=r"'solver.nope'.*'max_searches'"):
         compose_eval(["solver.nope=1"])
-    with pytest.raises(ValueError, match=r"mode='agnet'.*\['direct', 'rag', 'agent'\]"):
+    with pytest.raises(ValueError, match=r"(?s)'agnet', expected one of \[direct, rag, agent\].*full_key: mode"):
         compose_eval([f"data={data}", "mode=agnet"])
-    with pytest.raises(ValueError, match=r"untagged='x'.*\['empty', 'raw'\]"):
+    with pytest.raises(ValueError, match=r"(?s)'x', expected one of \[empty, raw\].*full_key: untagged"):
         compose_eval([f"data={data}", "untagged=x"])
     with pytest.raises(ValueError, match=r"ranker.checkpoint.*ranker.mode=none"):
         compose_eval([f"data={data}", "ranker.checkpoint=/x"])
@@ -220,10 +223,12 @@ def test_agent_mode_records_with_a_scripted_solver(tmp_path):
     tool = SearchTool(ExactWordRetriever(corpus), Ranker(cfg.ranker), cfg.ranker)
     result = run_eval(cfg, EvalStack(ScriptedSolver(), tool, corpus))
     f, i, m = result["predictions"]
-    assert (f["prediction"], f["em"], f["searches"], f["retrievals"][0]["shown_ids"]) == ("Paris", 1.0, 1, ["p1", "p2"])
+    assert (f["prediction"], f["em"], f["n_searches"]) == ("Paris", 1.0, 1)
+    assert f["retrievals"][0]["chosen_ids"] == ["p1", "p2"]
+    assert set(f["retrievals"][0]) == {"sub_query", "candidate_ids", "chosen_ids", "format_ok", "observed"}
     assert (i["prediction"], i["em"]) == ("Rome", 1.0)
     # untagged=raw: the mumbled turn is the prediction, still a format failure
-    assert (m["prediction"], m["format_ok"], m["cover_em"], m["searches"]) == ("it is probably Paris", False, 1.0, 0)
+    assert (m["prediction"], m["format_ok"], m["cover_em"], m["n_searches"]) == ("it is probably Paris", False, 1.0, 0)
     geo = result["metrics"]["geo"]
     assert geo["recall@2"] == round((1 + 0.5 + 0) / 3, 4) and geo["hit@1"] == 1.0 and geo["ranker_calls"] == 2
     assert geo["format_failure"] == round(1 / 3, 4) and geo["em"] == round(2 / 3, 4)
@@ -301,10 +306,10 @@ def test_mode_end_to_end_with_stamps_and_round_trip(small_eval_data, tmp_path, m
     file_ids = [json.loads(line)["id"] for line in small_eval_data["questions"].read_text().splitlines()]
     assert [p["id"] for p in loaded["predictions"]] == file_ids  # file order despite length-sorted batches
     for p in loaded["predictions"]:
-        assert {"id", "dataset", "question", "answers", "prediction", "em", "f1", "cover_em", "searches"} <= set(p)
-        assert p["searches"] == {"direct": 0, "rag": 1}.get(mode, p["searches"])
+        assert {"id", "dataset", "question", "answers", "prediction", "em", "f1", "cover_em", "n_searches"} <= set(p)
+        assert p["n_searches"] == {"direct": 0, "rag": 1}.get(mode, p["n_searches"])
     if mode == "rag":  # the frozen tiny ranker ran (and, being random, fell back to first-stage order)
-        assert all(p["retrievals"][0]["query"] == p["question"] for p in loaded["predictions"])
+        assert all(p["retrievals"][0]["sub_query"] == p["question"] for p in loaded["predictions"])
 
 
 def test_compare_prints_both_results_and_deltas(tmp_path, capsys):

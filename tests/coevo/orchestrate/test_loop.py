@@ -4,6 +4,7 @@ from types import SimpleNamespace
 import pytest
 
 from coevo.core.config import compose, to_object
+from coevo.core.types import EvidencePath, Hop, Verdict
 from coevo.orchestrate.loop import coevolution_step
 
 
@@ -11,16 +12,17 @@ class FakeEvidence:
     """Targets named 'Atlantis' have no corpus support; every other target gets one 1-hop path."""
 
     def validate_targets(self, targets, references):
-        return [{"ok": t != "Atlantis", "reason": "ok" if t != "Atlantis" else "no_corpus_support"} for t in targets]
+        return [Verdict(True, "ok", ("p0",)) if t != "Atlantis" else Verdict(False, "no_corpus_support")
+                for t in targets]
 
     def build_paths(self, targets, seed):
-        hop = {"head": "France", "tail": "Paris", "sentence": "Paris is the capital of France.",
-               "passage_id": "p0", "title": "Paris", "score": 1.0, "cue": "relation"}
-        return [[{"target": t, "hops": [hop], "evidence_ids": ["p0"]}] for t in targets]
+        hop = Hop("France", "Paris", "Paris is the capital of France.", "p0", "Paris", 1.0, "relation")
+        return [[EvidencePath(t, (hop,))] for t in targets]
 
     def validate_questions(self, questions, targets, paths):
-        return [{"ok": t.lower() not in q.lower(), "reason": "ok" if t.lower() not in q.lower() else "leaks_target"}
-                for q, t in zip(questions, targets)]
+        assert all(isinstance(p, EvidencePath) for p in paths)  # typed across the actor boundary
+        return [Verdict(True, "ok", tuple(p.evidence_ids)) if t.lower() not in q.lower()
+                else Verdict(False, "leaks_target", (), t) for q, t, p in zip(questions, targets, paths)]
 
 
 def _proposer_reply(prompt: str, occurrence: int) -> str:
@@ -82,8 +84,9 @@ def test_stage_verdicts_and_rewards(step_result):
     assert paris["accepted"] and paris["target"] == "Paris" and paris["evidence_path"]["evidence_ids"] == ["p0"]
     assert atlantis["reason"] == "no_corpus_support" and atlantis["stage"] == "target"
     # rollout 0 searches once then answers Paris (correct); rollout 1 answers Lyon (wrong)
-    assert [r["correct"] for r in paris["rollouts"]] == [1.0, 0.0]
-    assert [r["searches"] for r in paris["rollouts"]] == [1, 0]
+    assert [r["rollout_idx"] for r in paris["rollouts"]] == [0, 1]
+    assert [r["correctness"] for r in paris["rollouts"]] == [1.0, 0.0]
+    assert [r["n_searches"] for r in paris["rollouts"]] == [1, 0]
     assert [r["reward"] for r in paris["rollouts"]] == [1.0, 0.0]
     assert paris["accuracy"] == 0.5 and paris["proposer_reward"] == 1.0  # 1 - |2*0.5 - 1|
     assert atlantis["proposer_reward"] == -0.5 and atlantis["rollouts"] == []
@@ -94,7 +97,7 @@ def test_stage_verdicts_and_rewards(step_result):
 def test_ranker_call_recorded_and_rewarded(step_result):
     records, metrics, _ = step_result
     call = records[0]["rollouts"][0]["ranker_calls"][0]
-    assert call["format_ok"] and call["candidates"][0] == "p0" and call["chosen"][0] == "p0"
+    assert call["format_ok"] and call["candidate_ids"][0] == "p0" and call["chosen_ids"][0] == "p0"
     # I_ans=1 (p0 contains "Paris"), r_rel = mean(Hit@1, Hit@3) = 1 > gamma -> r_rel + r_main = 2
     assert call["i_ans"] and call["r_rel"] == 1.0 and call["reward"] == 2.0
     assert metrics["ranker"]["calls"] == 1
@@ -103,12 +106,14 @@ def test_ranker_call_recorded_and_rewarded(step_result):
 def test_updates_get_group_normalized_advantages(step_result):
     _, metrics, actors = step_result
     (prop_batch,) = actors.proposer.batches
-    # proposer group [1.0, -0.5]: unbiased std = 1.0607 -> advantages +-0.7071; call 1 + call 2 of Paris, call 1 of Atlantis
+    # proposer group [1.0, -0.5]: unbiased std = 1.0607 -> advantages +-0.7071;
+    # call 1 + call 2 of Paris, call 1 of Atlantis
     advs = sorted(round(s.advantage, 3) for s in prop_batch)
     assert advs == [-0.707, 0.707, 0.707]
     (solver_batch,) = actors.solver.batches
     assert sorted(round(s.advantage, 3) for s in solver_batch) == [-0.707, 0.707]
     for seq in solver_batch:
         assert len(seq.input_ids) == len(seq.loss_mask) == len(seq.old_logprobs)
-    assert actors.ranker.batches == [] or all(len(b) == 0 for b in actors.ranker.batches)  # one-call group: zero variance
+    # one-call group: zero variance
+    assert actors.ranker.batches == [] or all(len(b) == 0 for b in actors.ranker.batches)
     assert metrics["update"]["ranker"]["zero_var_groups"] == 1

@@ -7,6 +7,7 @@ import pytest
 import torch
 
 from coevo.core.io import atomic_dir
+from coevo.orchestrate.loop import step_seed
 from coevo.orchestrate.outputs import (
     MetricsLog,
     drop_dumps_after,
@@ -14,7 +15,7 @@ from coevo.orchestrate.outputs import (
     read_jsonl,
     write_task_dump,
 )
-from coevo.run import next_references, step_seed
+from coevo.run import next_references
 from coevo.train.checkpoint import (
     latest_checkpoint,
     prune_checkpoints,

@@ -1,22 +1,20 @@
 """CoSearch step of `python -m coevo.solve` with scripted policies: rewards, groups, batches, updates."""
 import json
 from pathlib import Path
+from types import SimpleNamespace
 
 import pytest
 
-from coevo.core.config import RankerConfig, SolverConfig
+from coevo.core.config import RankerConfig, SolverConfig, register_schema
+from coevo.orchestrate.loop import solve_tasks
 from coevo.orchestrate.solve import (
     SolveRootConfig,
-    SolveStack,
     load_tasks,
     question_batches,
-    register_solve_schema,
-    score_episodes,
     solve_step,
     to_solve_object,
 )
-from solver.agent import Task, run_episodes
-from solver.ranker import Ranker, SearchTool
+from solver.agent import Task
 
 CONFIG_DIR = str(Path(__file__).resolve().parents[3] / "configs")
 TASKS = [Task("t1", "What is the capital of France?", ["Paris"], ["p3"]),
@@ -56,28 +54,35 @@ def make_cfg(**ranker_kw):
                            ranker=RankerConfig(preset="t", model="t", n_candidates=4, top_k=3, **ranker_kw))
 
 
-def make_stack(cfg, trainable, overlap_retriever, shared=False):
+def make_actors(cfg, trainable, overlap_retriever, shared=False):
+    """The co-evolution loop's actor shape without proposer and evidence (as `coevo.solve` builds it)."""
     solver = trainable(solver_turn)
-    ranker_policy = solver if shared else trainable(lambda p, o: RANKINGS[o])
-    return SolveStack(solver, SearchTool(overlap_retriever(), Ranker(cfg.ranker, ranker_policy), cfg.ranker))
+    ranker = solver if shared else trainable(lambda p, o: RANKINGS[o])
+    roles = {"solver": solver}
+    if cfg.ranker.mode == "trainable" and not shared:
+        roles["ranker"] = ranker
+    return SimpleNamespace(proposer=None, evidence=None, solver=solver, ranker=ranker,
+                           retrieval=overlap_retriever(), trainable=roles)
 
 
 def test_solve_step_rewards_groups_and_updates(trainable, overlap_retriever):
     cfg = make_cfg()
-    stack = make_stack(cfg, trainable, overlap_retriever)
-    m = solve_step(stack, TASKS, cfg, train=True)
+    actors = make_actors(cfg, trainable, overlap_retriever)
+    m = solve_step(actors, TASKS, cfg, seed=0, train=True)
     # t1: 4 rollouts search once, answer with Doc 1's title: Paris, Paris (fallback order), Berlin, Paris
-    assert (m["solver_format_valid"], m["em"], m["mean_searches"]) == (0.5, 0.375, 0.5)
-    assert m["end_reasons"] == {"answer": 4, "no_action": 4}
+    solver = m["solver"]
+    assert (solver["format_valid"], solver["em"], solver["mean_searches"]) == (0.5, 0.375, 0.5)
+    assert solver["end_reasons"] == {"answer": 4, "no_action": 4}
     # solver rewards t1 [1, 1, 0, 1] (equal searches), t2 all -0.2 -> t2 is zero-variance
-    assert m["solver_reward"] == pytest.approx((3 - 0.8) / 8, abs=1e-4)
-    assert (m["solver_zero_var_groups"], m["solver_train_seqs"]) == (1, 4)
+    assert m["reward"]["solver"] == pytest.approx((3 - 0.8) / 8, abs=1e-4)
+    assert (m["update"]["solver"]["zero_var_groups"], m["update"]["solver"]["n_seqs"]) == (1, 4)
     # ranker: r_rel 1, malformed, 0.5, 1 -> rewards 2, -0.2, 0.5, 2; one semantic group of 4
-    assert (m["ranker_calls"], m["ranker_format_valid"], m["ranker_groups"], m["ranker_grouped_share"]) == (
-        4, 0.75, 1, 1.0)
-    assert m["ranker_reward"] == pytest.approx(4.3 / 4)
-    (solver_batch,) = stack.solver.updates
-    (ranker_batch,) = stack.ranker_policy.updates
+    ranker = m["ranker"]
+    assert (ranker["calls"], ranker["format_valid"], ranker["groups"], ranker["grouped_share"]) == (4, 0.75, 1, 1.0)
+    assert m["reward"]["ranker"] == pytest.approx(4.3 / 4)
+    assert m["update"]["ranker"]["zero_var_groups"] == 0 and set(m["time_s"]) == {"solve", "update"}
+    (solver_batch,) = actors.solver.updates
+    (ranker_batch,) = actors.ranker.updates
     assert len(solver_batch) == 4 and len(ranker_batch) == 4
     adv = [s.advantage for s in ranker_batch]
     assert adv[0] == pytest.approx(adv[3]) and adv[0] > adv[2] > adv[1]
@@ -87,12 +92,11 @@ def test_solve_step_rewards_groups_and_updates(trainable, overlap_retriever):
 
 
 
-def test_episode_summary_is_json_ready(trainable, overlap_retriever):
+def test_episode_record_is_json_ready(trainable, overlap_retriever):
     cfg = make_cfg()
-    stack = make_stack(cfg, trainable, overlap_retriever)
-    episodes = run_episodes(stack.solver, TASKS[:1], stack.tool, cfg.solver)
-    score_episodes(episodes, cfg)
-    record = json.loads(json.dumps(episodes[0].summary()))
+    actors = make_actors(cfg, trainable, overlap_retriever)
+    episodes, _, _ = solve_tasks(TASKS[:1], actors, cfg, seed=0)
+    record = json.loads(json.dumps(episodes[0].to_record()))
     assert record["answer"] == "Paris" and record["n_searches"] == 1 and record["reward"] == 1.0
     (call,) = record["ranker_calls"]
     assert call["group_id"] == "t1/ans1/0" and call["reward"] == 2.0 and call["chosen_ids"] == ["p0", "p3", "p2"]
@@ -100,30 +104,30 @@ def test_episode_summary_is_json_ready(trainable, overlap_retriever):
 
 def test_shared_backbone_gets_one_update_with_both_batches(trainable, overlap_retriever):
     cfg = make_cfg(share_backbone=True)
-    stack = make_stack(cfg, trainable, overlap_retriever, shared=True)
-    m = solve_step(stack, TASKS, cfg, train=True)
-    assert [len(b) for b in stack.solver.updates] == [8]
-    assert "ranker_update" not in m
+    actors = make_actors(cfg, trainable, overlap_retriever, shared=True)
+    m = solve_step(actors, TASKS, cfg, seed=0, train=True)
+    assert [len(b) for b in actors.solver.updates] == [8]
+    assert set(m["update"]) == {"solver"} and m["update"]["solver"]["ranker"]["groups"] == 1
 
 
 @pytest.mark.parametrize("mode", ["frozen", "none", "oracle"])
 def test_non_trainable_ranker_modes_never_update_the_ranker(trainable, overlap_retriever, mode):
     cfg = make_cfg(mode=mode)
-    stack = make_stack(cfg, trainable, overlap_retriever)
-    ranker_policy = stack.ranker_policy
+    actors = make_actors(cfg, trainable, overlap_retriever)
+    ranker_policy = actors.ranker
     if mode != "frozen":
-        stack.tool.ranker.policy = None  # none/oracle hold no ranker policy at all
-    m = solve_step(stack, TASKS, cfg, train=True)
-    assert "ranker_update" not in m and m["ranker_calls"] == 4
+        actors.ranker = None  # none/oracle hold no ranker policy at all
+    m = solve_step(actors, TASKS, cfg, seed=0, train=True)
+    assert set(m["update"]) == {"solver"} and m["ranker"]["calls"] == 4
     assert ranker_policy.updates == []
-    assert (m["ranker_generated"] > 0) == (mode == "frozen")
+    assert (m["ranker"]["generated"] > 0) == (mode == "frozen")
 
 
 def test_train_false_makes_no_update(trainable, overlap_retriever):
     cfg = make_cfg()
-    stack = make_stack(cfg, trainable, overlap_retriever)
-    m = solve_step(stack, TASKS, cfg, train=False)
-    assert stack.solver.updates == [] and "solver_update" not in m
+    actors = make_actors(cfg, trainable, overlap_retriever)
+    m = solve_step(actors, TASKS, cfg, seed=0, train=False)
+    assert actors.solver.updates == [] and "update" not in m
 
 
 def test_load_tasks_and_batches(tmp_path):
@@ -143,7 +147,7 @@ def test_solve_config_mirrors_coevo_config():
     from hydra import compose, initialize_config_dir
     from hydra.core.global_hydra import GlobalHydra
 
-    register_solve_schema()
+    register_schema()
     GlobalHydra.instance().clear()
     with initialize_config_dir(config_dir=CONFIG_DIR, version_base="1.3"):
         solve = compose(config_name="solve", overrides=["experiment=smoke", "run.dir=x"])

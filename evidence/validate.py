@@ -13,7 +13,7 @@ from __future__ import annotations
 import re
 from typing import Any, Optional
 
-from coevo.core.scoring import contains_answer, normalize_answer, token_f1
+from coevo.core.scoring import contains_answer, normalize_answer, punctuation_to_spaces, token_f1
 from coevo.core.types import EvidencePath, Verdict
 from evidence.entities import EntityIndex
 from evidence.mentions import ALLOWED_LABELS, normalize_entity, stopwords, strip_disambiguator, title_key
@@ -87,11 +87,17 @@ def check_target_form(target: Any, index: EntityIndex, reference_question: Any =
     return None, label
 
 
-def support_verdict(target: Any, hits: list[Any], index: EntityIndex, label: str = "") -> Verdict:
-    """Answer-side support: a retrieved passage contains the normalized target or is titled by it."""
+def target_head(target: Any) -> Optional[str]:
+    """The head of a qualified target: "Abuja, Nigeria" → "Abuja", "Mercury (planet)" → "Mercury";
+    None when the target has no qualifier (or nothing is left without it)."""
     text = _clean(target)
-    norm = normalize_answer(text)
-    support = []
+    head = strip_disambiguator(text).split(",", 1)[0].strip()
+    return head if normalize_answer(head) and head != text else None
+
+
+def _supporting(text: str, hits: list[Any], index: EntityIndex) -> list[str]:
+    """Ids of the retrieved passages that contain the normalized `text` or are titled by it."""
+    norm, support = normalize_answer(text), []
     for hit in hits:
         pid = getattr(hit, "passage_id", hit)
         if pid not in index.corpus:
@@ -99,19 +105,37 @@ def support_verdict(target: Any, hits: list[Any], index: EntityIndex, label: str
         passage = index.corpus[pid]
         if normalize_answer(strip_disambiguator(passage.title)) == norm or contains_answer(passage.text, text):
             support.append(pid)
+    return support
+
+
+def support_verdict(target: Any, hits: list[Any], index: EntityIndex, label: str = "",
+                    try_head: bool = False) -> Verdict:
+    """Answer-side support: a retrieved passage contains the normalized target or is titled by it.
+
+    `try_head` (`evidence.support_head`): when nothing supports the whole target, the head of
+    a qualified target may ("Abuja, Nigeria" → "Abuja"; detail `<label> head:Abuja`). It is tried only
+    after the whole target failed, on the same retrieved passages, so it never rejects a
+    target that passed without it; it only accepts qualified names the corpus writes bare.
+    """
+    text = _clean(target)
+    support = _supporting(text, hits, index)
+    head = target_head(text) if try_head and not support else None
+    if head is not None:
+        support = _supporting(head, hits, index)
+        label = f"{label} head:{head}" if support else label
     if not support:
         return _reject("no_corpus_support", f"none of {len(hits)} retrieved passages contains it")
     return Verdict(True, "ok", tuple(support), label)
 
 
 def validate_target(target: Any, retriever: Any, index: EntityIndex, reference_question: Any = None,
-                    max_chars: int = 80, k: int = 5) -> Verdict:
+                    max_chars: int = 80, k: int = 5, try_head: bool = False) -> Verdict:
     """SPEC §3.2: parse/length/copy checks, entity-like span, then answer-side retrieval support."""
     rejection, label = check_target_form(target, index, reference_question, max_chars)
     if rejection is not None:
         return rejection
     hits = retriever.search([_clean(target)], k)[0] if k > 0 else []
-    return support_verdict(target, hits, index, label)
+    return support_verdict(target, hits, index, label, try_head)
 
 
 def _hops(path: Any) -> list[Any]:
@@ -129,14 +153,29 @@ def _has_evidence(hops: list[Any]) -> bool:
                               and isinstance(getattr(h, "passage_id", None), str) and h.passage_id for h in hops)
 
 
+def spaced_key(text: Any) -> str:
+    """Entity key with punctuation as a word break: "Spider-Man" → "spider man".
+
+    The §5.4 key deletes punctuation ("spiderman"), so "Spider Man" in a question would not
+    match the target "Spider-Man" by that key alone; leakage checks compare both keys.
+    """
+    return normalize_entity(punctuation_to_spaces(strip_disambiguator(text) if isinstance(text, str) else ""))
+
+
+def _word_keys(text: Any) -> list[str]:
+    """Tokens of both keys of `text` (deleted and spaced punctuation), first appearance order."""
+    return list(dict.fromkeys(normalize_entity(text).split() + spaced_key(text).split()))
+
+
 def distinctive_tokens(target: Any, other_entities: list[str] = ()) -> list[str]:
     """Tokens of a multi-token target that would give it away: not stopwords, not generic
     head words, not 1-2 letters (digits excepted), and not part of another path entity
-    the question may legitimately name."""
-    tokens = normalize_entity(target).split()
-    if len(tokens) < 2:
+    the question may legitimately name. Both keys count ("Jean-Paul Sartre": jeanpaul,
+    sartre, jean, paul); a one-word target ("Spider-Man") is checked by its whole forms only."""
+    if len(normalize_entity(target).split()) < 2:
         return []
-    shared = {t for e in other_entities for t in normalize_entity(e).split()}
+    tokens = _word_keys(target)
+    shared = {t for e in other_entities for t in _word_keys(e)}
     stop = stopwords()
     return [t for t in dict.fromkeys(tokens)
             if t not in stop and t not in GENERIC_TOKENS and t not in shared
@@ -145,7 +184,7 @@ def distinctive_tokens(target: Any, other_entities: list[str] = ()) -> list[str]
 
 def _leak(question: str, target: str) -> Optional[str]:
     """A normalized form of the target found in the question on token boundaries."""
-    for norm in (normalize_answer, normalize_entity, title_key):
+    for norm in (normalize_answer, normalize_entity, title_key, spaced_key):
         form = norm(target)
         if form and f" {form} " in f" {norm(question)} ":
             return form
@@ -176,7 +215,7 @@ def validate_question(question: Any, target: Any, path: Any, max_chars: int = 30
         return _reject("leaks_target", leaked, evidence)
     # The heads e0 … e_k-1 are the entities a question may name; the last tail is the target.
     others = [e for e in (getattr(h, "head", "") for h in hops) if isinstance(e, str)]
-    q_tokens = set(normalize_entity(text).split())
+    q_tokens = set(_word_keys(text))
     for token in distinctive_tokens(target_text, others):
         if token in q_tokens:
             return _reject("leaks_target_token", token, evidence)

@@ -56,6 +56,15 @@ class Candidate:
     def accepted(self) -> bool:
         return self.reason == "accepted"
 
+    @property
+    def stages_passed(self) -> int:
+        """Checks passed, in order: target parse, target validation, path, question parse, question checks."""
+        if self.accepted:
+            return 5
+        first = {"target": 0, "path": 2, "question": 3}.get(self.stage, 0)
+        # A parse failure stops at the stage's first check; a verdict's rejection is one check later.
+        return first if self.stage == "path" or self.reason.startswith("parse:") else first + 1
+
     def to_record(self, task_id: Optional[str], rollouts: list[dict[str, Any]],
                   timings: dict[str, float]) -> dict[str, Any]:
         """One line of tasks/step_<n>.jsonl; the keys are documented in README "Outputs".
@@ -176,18 +185,22 @@ def check_questions(evidence: Any, cands: list[Candidate]) -> None:
 
 
 def assign_proposer_rewards(cands: list[Candidate], cfg: ProposerConfig) -> None:
-    """SPEC §3.5: difficulty reward for accepted tasks, −invalid_penalty for rejected ones."""
+    """SPEC §3.5: difficulty reward for accepted tasks, −invalid_penalty for rejected ones
+    (graded by the stages passed with `proposer.invalid_penalty_by_stage`)."""
     for cand in cands:
         accuracy = cand.accuracy if cand.accepted else None
-        cand.reward = proposer_reward(accuracy, cfg.invalid_penalty, cfg.reward)
+        cand.reward = proposer_reward(accuracy, cfg.invalid_penalty, cfg.reward, cand.stages_passed,
+                                      cfg.invalid_penalty_by_stage)
 
 
-def proposer_sequences(cands: list[Candidate], scale_std: bool = True) -> tuple[list[TrainSequence], dict[str, int]]:
+def proposer_sequences(cands: list[Candidate], scale_std: bool = True,
+                       keep_zero: bool = False) -> tuple[list[TrainSequence], dict[str, int]]:
     """GRPO batch of the proposer (SPEC §3.5) and its group statistics.
 
     A reference question's `group_size` candidates form one group; call-1 and call-2 tokens
     of a candidate share its advantage. Zero-advantage candidates (zero-variance groups) are
-    left out: they add nothing to the policy gradient and would only cost a forward/backward.
+    left out unless `keep_zero`: they add no policy gradient, but kept they count in the
+    token-mean denominator and get the KL term (`proposer.keep_zero_advantage`).
     """
     if not cands:
         return [], {"zero_var_groups": 0}
@@ -195,7 +208,7 @@ def proposer_sequences(cands: list[Candidate], scale_std: bool = True) -> tuple[
     advantages, n_zero = group_advantages(rewards, [c.ref_index for c in cands], scale_std=scale_std)
     batch = []
     for cand, adv in zip(cands, advantages.tolist()):
-        if adv == 0.0:
+        if adv == 0.0 and not keep_zero:
             continue
         for comp in (cand.target_completion, cand.question_completion):
             if comp is not None and comp.token_ids:

@@ -9,6 +9,7 @@ observation falls back to the first-stage top-K and the call is recorded with f 
 """
 from __future__ import annotations
 
+import dataclasses
 import re
 from dataclasses import dataclass, field
 from typing import Any, NamedTuple, Optional, Protocol, Sequence
@@ -17,7 +18,7 @@ from coevo.core.types import SamplingParams
 from solver.reward import PassageLike, answer_relevant, relevance_labels
 
 RANKER_MODES = ("trainable", "frozen", "none", "oracle")
-RERANK_STOP = "</rerank>"
+REASON_OPEN, RERANK_OPEN, RERANK_STOP = "<reason>", "<rerank>", "</rerank>"
 MAX_INDEX_DIGITS = 6  # longer digit runs are out of range anyway; int() of huge strings raises
 
 RANKER_SYSTEM = (
@@ -26,6 +27,13 @@ RANKER_SYSTEM = (
     "First explain briefly inside <reason> and </reason>. Then write exactly {k} distinct candidate "
     "numbers inside <rerank> and </rerank>, separated by >, for example: <rerank>{example}</rerank>. "
     "Write nothing after </rerank>."
+)
+# `ranker.reasoning=false`: the same task without the <reason> block (small models).
+RANKER_SYSTEM_NO_REASON = (
+    "You rank search results. You get a question, the search query written for it and numbered "
+    "candidate passages. Pick the {k} passages most useful for answering the question, best first. "
+    "Write exactly {k} distinct candidate numbers inside <rerank> and </rerank>, separated by >, "
+    "for example: <rerank>{example}</rerank>. Write nothing else."
 )
 
 
@@ -134,17 +142,19 @@ def _ranker_user(q0: str, sub_query: str, numbered: list[str], k: int) -> str:
 
 
 def ranker_messages(q0: str, sub_query: str, candidates: Sequence[PassageLike], k: int,
-                    passage_chars: int = 300) -> list[dict]:
+                    passage_chars: int = 300, reasoning: bool = True) -> list[dict]:
     """Chat messages of one ranker call: instructions, one demonstrated call, then q0, the
-    sub-query and the numbered candidates truncated to `passage_chars`."""
+    sub-query and the numbered candidates truncated to `passage_chars`. Without `reasoning`
+    the instructions and the demonstration ask for the <rerank> block alone."""
     example = " > ".join(f"[{i}]" for i in (3, 1, 2, 5, 4)[:k])
     demo_k = min(k, len(DEMO_ORDER))
     demo_user = _ranker_user("Who wrote the play Hamlet?", "Hamlet play author",
                              [f"[{i}] ({t}) {x}" for i, (t, x) in enumerate(DEMO_CANDIDATES, 1)], demo_k)
-    demo_answer = ("<reason>Candidate [2] names the author of Hamlet.</reason>\n<rerank>"
-                   + " > ".join(f"[{i}]" for i in DEMO_ORDER[:demo_k]) + "</rerank>")
+    demo_answer = ("<reason>Candidate [2] names the author of Hamlet.</reason>\n" if reasoning else "") + (
+        "<rerank>" + " > ".join(f"[{i}]" for i in DEMO_ORDER[:demo_k]) + "</rerank>")
     lines = [f"[{i}] ({p.title}) {_truncate(p.text, passage_chars)}" for i, p in enumerate(candidates, 1)]
-    return [{"role": "system", "content": RANKER_SYSTEM.format(k=k, example=example)},
+    system = RANKER_SYSTEM if reasoning else RANKER_SYSTEM_NO_REASON
+    return [{"role": "system", "content": system.format(k=k, example=example)},
             {"role": "user", "content": demo_user}, {"role": "assistant", "content": demo_answer},
             {"role": "user", "content": _ranker_user(q0, sub_query, lines, k)}]
 
@@ -154,8 +164,9 @@ _RANKING = re.compile(r"\s*\[(\d+)\](?:\s*>\s*\[(\d+)\])*\s*")
 _INDEX = re.compile(r"\[(\d+)\]")
 
 
-def _tag_order_error(text: str) -> Optional[str]:
-    """Reason code when the <reason>…</reason><rerank>…</rerank> skeleton is broken, else None."""
+def _tag_order_error(text: str, reasoning: bool = True) -> Optional[str]:
+    """Reason code when the <reason>…</reason><rerank>…</rerank> skeleton (without `reasoning`:
+    <rerank>…</rerank> and no reason tag at all) is broken, else None."""
     tags = [m.group(0) for m in _TAG.finditer(text)]
     if "<rerank>" not in tags:
         return "no_rerank_tag"
@@ -163,6 +174,8 @@ def _tag_order_error(text: str) -> Optional[str]:
         return "multiple_rerank_tags"
     if "</rerank>" not in tags:
         return "unclosed_rerank"
+    if not reasoning:
+        return "unexpected_reason_tag" if tags != ["<rerank>", "</rerank>"] else None
     if tags.count("<reason>") != 1 or tags.count("</reason>") != 1:
         return "no_reason_tag" if "<reason>" not in tags else "bad_reason_tag"
     if tags != ["<reason>", "</reason>", "<rerank>", "</rerank>"]:
@@ -170,17 +183,18 @@ def _tag_order_error(text: str) -> Optional[str]:
     return None
 
 
-def parse_rerank(text: str, n: int, k: int) -> tuple[Optional[list[int]], str]:
+def parse_rerank(text: str, n: int, k: int, reasoning: bool = True) -> tuple[Optional[list[int]], str]:
     """Strictly parse `<reason>…</reason><rerank>[i] > [j] > …</rerank>`; never raises.
 
     Returns (0-based candidate indices best first, "ok") or (None, reason code). Codes:
     no_rerank_tag, multiple_rerank_tags, unclosed_rerank, no_reason_tag, bad_reason_tag,
     bad_tag_order, text_after_rerank, bad_syntax, index_out_of_range, duplicate_index,
-    wrong_count. Only whitespace may follow `</rerank>`.
+    wrong_count. Only whitespace may follow `</rerank>`. Without `reasoning` the format is
+    `<rerank>…</rerank>` alone, and any reason tag is `unexpected_reason_tag`.
     """
     if not isinstance(text, str):
         return None, "no_rerank_tag"
-    error = _tag_order_error(text)
+    error = _tag_order_error(text, reasoning)
     if error:
         return None, error
     head, _, tail = text.partition("<rerank>")
@@ -212,7 +226,7 @@ class Ranker:
     """Re-ranks first-stage candidates in one of the modes trainable|frozen|none|oracle.
 
     `policy` generates in the trainable and frozen modes (the solver's policy object when
-    `share_backbone`, see `build_ranker`) and is unused in the none and oracle modes.
+    `shares_solver_policy`, see `build_ranker`) and is unused in the none and oracle modes.
     """
 
     def __init__(self, cfg: Any, policy: Optional[Generator] = None) -> None:
@@ -247,9 +261,24 @@ class Ranker:
         # Retrieval can return fewer than K candidates; then all of them are ranked.
         return min(self.cfg.top_k, n)
 
+    @property
+    def opening_tag(self) -> str:
+        """The output's first tag: what `ranker.prime_tag` writes at the end of the prompt."""
+        return REASON_OPEN if self.cfg.reasoning else RERANK_OPEN
+
+    def _primed(self) -> str:
+        return self.opening_tag if self.cfg.prime_tag else ""
+
     def _prompt_ids(self, req: SearchRequest, cands: Sequence[PassageLike]) -> list[int]:
-        messages = ranker_messages(req.q0, req.sub_query, cands, self._k(len(cands)), self.cfg.passage_chars)
-        return self.policy.chat_prompt_ids(messages)
+        messages = ranker_messages(req.q0, req.sub_query, cands, self._k(len(cands)), self.cfg.passage_chars,
+                                   self.cfg.reasoning)
+        ids = self.policy.chat_prompt_ids(messages)
+        if self.cfg.prime_tag:
+            # As the proposer primes <target>: the opening tag keeps small models on format without
+            # loosening the parser; its tokens belong to the prompt (never trained on) and are
+            # re-attached to the completion before parsing.
+            ids = ids + list(self.policy.tokenizer.encode(self.opening_tag, add_special_tokens=False))
+        return ids
 
     def _base_call(self, req: SearchRequest, cands: Sequence[PassageLike]) -> RankerCall:
         """The call as modes none/oracle finish it; generating modes overwrite the ranking."""
@@ -264,28 +293,54 @@ class Ranker:
                           i_ans=any(relevant), relevant=relevant)
 
     def _apply_completion(self, call: RankerCall, prompt: list[int], completion: Any) -> None:
-        text = strip_eos(completion.text, getattr(self.policy, "tokenizer", None))
-        indices, reason = parse_rerank(text, len(call.candidate_ids), self._k(len(call.candidate_ids)))
+        text = self._primed() + strip_eos(completion.text, getattr(self.policy, "tokenizer", None))
+        indices, reason = parse_rerank(text, len(call.candidate_ids), self._k(len(call.candidate_ids)),
+                                       self.cfg.reasoning)
         # The engine's prompt_ids are what it conditioned on (a policy may left-truncate long prompts).
         call.prompt_ids = list(completion.prompt_ids or prompt)
         call.completion_ids = list(completion.token_ids)
         call.logprobs = list(completion.logprobs) if completion.logprobs is not None else None
-        call.output, call.reason, call.format_ok = completion.text, reason, indices is not None
+        call.output, call.reason, call.format_ok = self._primed() + completion.text, reason, indices is not None
         if indices is not None:
             call.chosen_ids = [call.candidate_ids[i] for i in indices]
         # else: chosen_ids keeps the first-stage top-K set by _base_call (the fallback).
 
 
+def shares_solver_policy(cfg: Any, solver_frozen: bool = False) -> bool:
+    """Whether the ranker generates with the solver's policy object itself.
+
+    With `ranker.share_backbone` a trainable ranker does (one set of weights, one update). A
+    frozen one does only when the solver is frozen too: on the live weights of a training
+    solver the "fixed" ranker would drift with every solver update, so it gets a separate
+    frozen copy of the solver's initial weights instead (`ranker_policy_config`).
+    """
+    return bool(cfg.share_backbone) and (cfg.mode == "trainable" or (cfg.mode == "frozen" and solver_frozen))
+
+
+def ranker_policy_config(ranker_cfg: Any, solver_cfg: Any) -> Optional[Any]:
+    """Config of the ranker's own policy; None when it needs none (modes none/oracle, or it
+    shares the solver's policy object). A frozen shared-backbone ranker gets the solver's model
+    (preset, weights, start checkpoint, dtype), frozen, with the ranker's own serving settings
+    (engine, prompt budget, CPUs/GPUs: what the cluster was sized for)."""
+    if ranker_cfg.mode not in ("trainable", "frozen") or shares_solver_policy(ranker_cfg, solver_cfg.frozen):
+        return None
+    if not ranker_cfg.share_backbone:
+        return ranker_cfg
+    return dataclasses.replace(ranker_cfg, preset=solver_cfg.preset, model=solver_cfg.model, dtype=solver_cfg.dtype,
+                               checkpoint=solver_cfg.checkpoint, frozen=True)
+
+
 def build_ranker(cfg: Any, solver_policy: Optional[Generator] = None,
                  load_policy: Optional[Any] = None) -> Ranker:
-    """The ranker for a config: shared backbone → the solver's policy object, else `load_policy()`.
+    """The ranker for a config: the solver's policy object when `shares_solver_policy`, else `load_policy()`.
 
     `load_policy` is a zero-argument callable (e.g. `lambda: Policy.from_config(cfg, "ranker")`)
-    so modes none/oracle never load a model.
+    so modes none/oracle never load a model; for a frozen shared-backbone ranker beside a
+    training solver it returns the frozen copy built from `ranker_policy_config`.
     """
     if cfg.mode not in ("trainable", "frozen"):
         return Ranker(cfg, None)
-    if cfg.share_backbone:
+    if shares_solver_policy(cfg, bool(getattr(solver_policy, "frozen", False))):
         if solver_policy is None:
             raise ValueError("ranker.share_backbone=true needs the solver policy")
         return Ranker(cfg, solver_policy)

@@ -66,28 +66,37 @@ def _advantages(rewards: list[float], group_ids: list[int], scale_std: bool) -> 
     return adv.tolist(), int(n_zero)
 
 
-def solver_sequences(episodes: Sequence[Any], scale_std: bool = True) -> tuple[list[Any], dict[str, float]]:
-    """One TrainSequence per episode, advantages normalized within each task's G rollouts."""
+def solver_sequences(episodes: Sequence[Any], scale_std: bool = True,
+                     keep_zero: bool = False) -> tuple[list[Any], dict[str, float]]:
+    """One TrainSequence per episode, advantages normalized within each task's G rollouts.
+
+    Zero-advantage episodes are left out unless `keep_zero` (`solver.keep_zero_advantage`):
+    kept, they count in the token-mean denominator and get the KL term.
+    """
 
     tasks = list(episodes_by_task(episodes))
     gid = [tasks.index(ep.task_id) for ep in episodes]
     adv, n_zero = _advantages([ep.reward for ep in episodes], gid, scale_std)
     batch = [TrainSequence(list(ep.token_ids), list(ep.loss_mask), a,
                            list(ep.logprobs) if ep.logprobs is not None else None)
-             for ep, a in zip(episodes, adv) if a != 0.0 and ep.n_generated > 0]
+             for ep, a in zip(episodes, adv) if (a != 0.0 or keep_zero) and ep.n_generated > 0]
     return batch, {"groups": len(tasks), "zero_var_groups": n_zero,
                    "zero_var_share": n_zero / len(tasks) if tasks else 0.0}
 
 
-def ranker_sequences(groups: Sequence[Sequence[Any]], scale_std: bool = True) -> tuple[list[Any], dict[str, float]]:
-    """One TrainSequence per grouped ranker call (prompt masked out, completion trained)."""
+def ranker_sequences(groups: Sequence[Sequence[Any]], scale_std: bool = True,
+                     keep_zero: bool = False) -> tuple[list[Any], dict[str, float]]:
+    """One TrainSequence per grouped ranker call (prompt masked out, completion trained).
+
+    Zero-advantage calls are left out unless `keep_zero` (`ranker.keep_zero_advantage`).
+    """
 
     calls = [c for g in groups for c in g]
     gid = [i for i, g in enumerate(groups) for _ in g]
     adv, n_zero = _advantages([c.reward for c in calls], gid, scale_std)
     batch = []
     for call, a in zip(calls, adv):
-        if a == 0.0:
+        if a == 0.0 and not keep_zero:
             continue
         old = [0.0] * len(call.prompt_ids) + list(call.logprobs) if call.logprobs is not None else None
         batch.append(TrainSequence(list(call.prompt_ids) + list(call.completion_ids),

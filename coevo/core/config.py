@@ -40,6 +40,7 @@ class ProposerReward(StrEnum):
 
     abs = "abs"  # 1 - |2p - 1|
     quadratic = "quadratic"  # 4p(1 - p)
+    adversarial = "adversarial"  # 1 - p: monotonic, the harder the better (ZEST's comparison)
 
 
 class Correctness(StrEnum):
@@ -111,6 +112,7 @@ class PolicyConfig:
     kl_coef: float = 0.001  # k3 KL coefficient to the frozen reference (0 = no reference copy)
     clip_eps: float = 0.2  # PPO clip range of the ratio pi/pi_old
     scale_std: bool = True  # divide group advantages by the group std
+    keep_zero_advantage: bool = False  # keep A=0 sequences in the batch: they count in the token mean and get KL
     grad_clip: float = 1.0  # max global grad norm
     micro_batch_size: int = 4  # sequences per forward/backward
     ppo_epochs: int = 1  # passes over one batch of rollouts per update
@@ -130,7 +132,8 @@ class ProposerConfig(PolicyConfig):
 
     group_size: int = 4  # target candidates sampled per reference question (its GRPO group)
     invalid_penalty: float = 0.5  # reward -invalid_penalty for a task rejected by validation
-    reward: ProposerReward = ProposerReward.abs  # difficulty reward: abs (1-|2p-1|) | quadratic (4p(1-p))
+    invalid_penalty_by_stage: bool = False  # rejected: -invalid_penalty*(5-k)/5, k = stages passed (proposer/reward.py)
+    reward: ProposerReward = ProposerReward.abs  # difficulty reward: abs 1-|2p-1| | quadratic 4p(1-p) | adversarial 1-p
     max_target_chars: int = 80  # targets longer than this are rejected (too_long)
     questions_per_step: int = 4  # reference questions consumed per co-evolution step
 
@@ -170,6 +173,8 @@ class RankerConfig(PolicyConfig):
     relevance: Relevance = Relevance.answer  # pseudo-relevance label: answer | evidence | both
     gamma: float = 0.5  # r_rel threshold above which r_main is added
     format_penalty: float = 0.2  # alpha: reward -alpha for a malformed ranking
+    reasoning: bool = True  # output <reason>…</reason> before <rerank>; false: <rerank> only (small models)
+    prime_tag: bool = False  # the prompt ends with the output's opening tag (<reason>, or <rerank> without reasoning)
 
 
 @dataclass
@@ -205,6 +210,7 @@ class EvidenceConfig:
     branching: int = 2  # candidates kept per hop: the best plus sampled ones
     retrieve_k: int = 5  # passages retrieved per entity while expanding the graph
     max_question_chars: int = 300  # questions longer than this are rejected
+    support_head: bool = False  # corpus support may come from a qualified target's head ("Abuja, Nigeria" -> "Abuja")
 
 
 @dataclass
@@ -215,6 +221,7 @@ class RunConfig:
     steps: int = 2  # co-evolution steps
     save_every: int = 1  # checkpoint period in steps (and always at the end)
     reference_questions: Optional[str] = None  # file of reference questions (default: bundled)
+    memory_check: bool = True  # refuse to start when the peak RAM estimate exceeds MemAvailable (train/memory.py)
 
 
 @dataclass

@@ -19,6 +19,15 @@ def _is_punct(ch: str) -> bool:
     return ch in _PUNCT or unicodedata.category(ch).startswith("P")
 
 
+def punctuation_to_spaces(text: str) -> str:
+    """Every punctuation character (as `normalize_answer` deletes them) replaced by a space.
+
+    Checks that must see "Spider-Man" as the two words of "Spider Man" normalize this
+    instead of the raw text; answer scoring keeps the SQuAD deletion.
+    """
+    return "".join(" " if _is_punct(ch) else ch for ch in text) if isinstance(text, str) else ""
+
+
 def normalize_answer(text: str) -> str:
     """SQuAD normalization: lowercase, drop punctuation and articles, collapse whitespace."""
     if not isinstance(text, str):

@@ -23,6 +23,7 @@ from coevo.train.policy import Policy
 from evidence.corpus import corpus_source, load_corpus
 from evidence.pipeline import EvidencePipeline
 from evidence.retrieval import build_retriever
+from solver.ranker import ranker_policy_config
 
 
 class ActorFailure(RuntimeError):
@@ -223,7 +224,11 @@ def init_ray(cfg: CoevoConfig) -> None:
         return
     root = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
     env = {"env_vars": {"PYTHONPATH": root + os.pathsep + os.environ.get("PYTHONPATH", ""),
-                        "TOKENIZERS_PARALLELISM": "false"}}
+                        "TOKENIZERS_PARALLELISM": "false",
+                        # Ray SIGKILLs an exiting worker's children, multiprocessing's resource tracker
+                        # among them, and the engines' shared memory (~160 MB each) stays in /dev/shm;
+                        # the actors' reapers end those children instead (coevo/core/lifetime.py).
+                        "RAY_kill_child_processes_on_worker_exit": "0"}}
     kwargs: dict[str, Any] = {"runtime_env": env, "include_dashboard": False, "log_to_driver": True}
     if cfg.ray.address:
         kwargs["address"] = cfg.ray.address
@@ -244,8 +249,10 @@ def create_actors(cfg: CoevoConfig) -> Actors:
     solver = _policy_actor(cfg.solver, "solver", cfg.seed + 2)
     ranker: Optional[RemotePolicy] = None
     if cfg.ranker.mode in ("trainable", "frozen"):
-        # mode=frozen already set ranker.frozen (coevo.core.config.resolve_frozen): never trained.
-        ranker = solver if cfg.ranker.share_backbone else _policy_actor(cfg.ranker, "ranker", cfg.seed + 3)
+        # mode=frozen already set ranker.frozen (coevo.core.config.resolve_frozen): never trained. None:
+        # the solver's own object (shared backbone); frozen + shared: a frozen copy of the solver's start.
+        own = ranker_policy_config(cfg.ranker, cfg.solver)
+        ranker = solver if own is None else _policy_actor(own, "ranker", cfg.seed + 3)
     retrieval = RemoteRetriever(ray.remote(RetrievalWorker).options(num_cpus=1).remote(cfg))
     evidence = RemoteEvidence(ray.remote(EvidenceWorker).options(num_cpus=1).remote(cfg))
     trainable = {r: p for r, p in (("proposer", proposer), ("solver", solver)) if not p.frozen}
@@ -279,7 +286,8 @@ def create_local_actors(cfg: CoevoConfig, with_proposer: bool = True) -> Actors:
     solver = Policy.from_config(cfg.solver, "solver")
     ranker = None
     if cfg.ranker.mode in ("trainable", "frozen"):
-        ranker = solver if cfg.ranker.share_backbone else Policy.from_config(cfg.ranker, "ranker")
+        own = ranker_policy_config(cfg.ranker, cfg.solver)  # None: shares the solver's object
+        ranker = solver if own is None else Policy.from_config(own, "ranker")
     retriever = build_retriever(load_corpus(corpus_source(cfg.corpus)), cfg.retrieval.backend, cfg.retrieval.cache_dir)
     trainable = {r: p for r, p in (("proposer", proposer), ("solver", solver)) if p is not None and not p.frozen}
     if ranker is not None and ranker is not solver and not ranker.frozen:

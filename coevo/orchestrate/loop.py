@@ -60,7 +60,7 @@ def coevolution_step(step: int, references: list[tuple[int, str]], actors: Any, 
     with timer("question"):
         propose_questions(actors.proposer, cands, cfg.proposer, seed + 1)
         check_questions(actors.evidence, cands)
-    tasks = {f"s{step}-q{c.ref_index}-c{c.index}": c for c in cands if c.accepted}
+    tasks = {make_task_id(step, pos, c): c for pos, c in enumerate(cands) if c.accepted}
     progress(f"step {step}: {len(tasks)}/{len(cands)} tasks accepted; solving with G={cfg.solver.group_size}")
     todo = [Task(tid, c.question, [c.target], c.path.evidence_ids if c.path is not None else [])
             for tid, c in tasks.items()]
@@ -78,6 +78,13 @@ def coevolution_step(step: int, references: list[tuple[int, str]], actors: Any, 
     records = [candidate_record(c, task_of.get(id(c)), [ep for ep in episodes if ep.task_id == task_of.get(id(c))],
                                 timer.seconds, decode) for c in cands]
     return records, metrics
+
+
+def make_task_id(step: int, position: int, cand: Candidate) -> str:
+    """`s<step>-q<reference_index>-c<position>`: `position` is the candidate's place in the step
+    (its line in tasks/step_<n>.jsonl), so ids stay unique when a step's reference questions
+    repeat (a short question file cycled); `q` only tells the reader which reference it was."""
+    return f"s{step}-q{cand.ref_index}-c{position}"
 
 
 def solve_tasks(tasks: list[Task], actors: Any, cfg: CoevoConfig,
@@ -108,15 +115,15 @@ def role_batches(cfg: CoevoConfig, roles: Collection[str], cands: Sequence[Candi
     """
     out: dict[str, tuple[list[TrainSequence], dict[str, Any]]] = {}
     if "proposer" in roles:
-        out["proposer"] = proposer_sequences(cands, cfg.proposer.scale_std)
+        out["proposer"] = proposer_sequences(cands, cfg.proposer.scale_std, cfg.proposer.keep_zero_advantage)
     if "solver" in roles:
-        batch, info = solver_sequences(episodes, cfg.solver.scale_std)
+        batch, info = solver_sequences(episodes, cfg.solver.scale_std, cfg.solver.keep_zero_advantage)
         if cfg.ranker.share_backbone and cfg.ranker.mode == "trainable":
-            ranker_batch, ranker_info = ranker_sequences(groups, cfg.ranker.scale_std)
+            ranker_batch, ranker_info = ranker_sequences(groups, cfg.ranker.scale_std, cfg.ranker.keep_zero_advantage)
             batch, info = batch + ranker_batch, {**info, "ranker": ranker_info}
         out["solver"] = (batch, info)
     if "ranker" in roles:
-        out["ranker"] = ranker_sequences(groups, cfg.ranker.scale_std)
+        out["ranker"] = ranker_sequences(groups, cfg.ranker.scale_std, cfg.ranker.keep_zero_advantage)
     return out
 
 

@@ -1,12 +1,21 @@
 """Target validation (SPEC §3.2), static question validation (SPEC §3.4) and the batch pipeline."""
 from __future__ import annotations
 
+from types import SimpleNamespace
+
 import pytest
 
 from coevo.core.config import EvidenceConfig
 from coevo.core.types import EvidencePath, Hop, Verdict
 from evidence.pipeline import EvidencePipeline
-from evidence.validate import distinctive_tokens, validate_question, validate_target
+from evidence.validate import (
+    distinctive_tokens,
+    spaced_key,
+    support_verdict,
+    target_head,
+    validate_question,
+    validate_target,
+)
 
 
 def _hop(head: str, tail: str, sentence: str, pid: str) -> Hop:
@@ -114,3 +123,53 @@ def test_pipeline_batches(toy_corpus, toy_retriever, toy_index):
     checks = pipe.validate_questions(["Which state is the city Hank Snow moved to in?", "Tennessee?"],
                                      ["Tennessee", "Tennessee"], [paths[0][0], paths[0][0]])
     assert [c.reason for c in checks] == ["ok", "too_short"]
+
+
+@pytest.mark.parametrize("question, target, reason", [
+    # punctuation inside the target is a word break as well as a deletion: both spellings leak
+    ("Which hero did Stan Lee create as Spider Man in 1962?", "Spider-Man", "leaks_target"),
+    ("Which hero did Stan Lee create as Spider-Man in 1962?", "Spider Man", "leaks_target"),
+    ("Which hero did Stan Lee create as Spiderman in 1962?", "Spider-Man", "leaks_target"),
+    ("Which hero did Stan Lee create as spider-man in 1962?", "Spider-Man", "leaks_target"),
+    ("Which band recorded the album Back in Black, AC DC?", "AC/DC", "leaks_target"),
+    # a one-word hyphenated target is checked by its whole forms only: its parts are not tokens
+    ("Which man did Stan Lee create in 1962 for a comic?", "Spider-Man", "ok"),
+    # a part of a hyphenated token of a multi-word target is a distinctive token
+    ("Which philosopher named Paul wrote Nausea in Nashville?", "Jean-Paul Sartre", "leaks_target_token"),
+    ("Which philosopher named Jean-Paul wrote Nausea in Nashville?", "Jean-Paul Sartre", "leaks_target_token"),
+    ("Which philosopher wrote Nausea in Nashville?", "Jean-Paul Sartre", "ok"),
+])
+def test_leakage_with_punctuation(question, target, reason):
+    verdict = validate_question(question, target, PATH)
+    assert verdict.reason == reason and verdict.ok == (reason == "ok")
+
+
+def test_spaced_key_and_distinctive_tokens():
+    assert spaced_key("Spider-Man") == "spider man" and spaced_key("Mercury (planet)") == "mercury"
+    assert spaced_key("The Beatles'") == "beatles"
+    assert distinctive_tokens("Spider-Man") == []
+    assert distinctive_tokens("Jean-Paul Sartre") == ["jeanpaul", "sartre", "jean", "paul"]
+    # tokens of another path entity, in either spelling, are not leaks
+    assert distinctive_tokens("Jean-Paul Sartre", ["Jean Genet"]) == ["jeanpaul", "sartre", "paul"]
+
+
+@pytest.mark.parametrize("target, head", [
+    ("Abuja, Nigeria", "Abuja"), ("Mercury (planet)", "Mercury"), ("Paris, Texas (film)", "Paris"),
+    ("Abuja", None), (", Nigeria", None), ("", None), (None, None),
+])
+def test_target_head(target, head):
+    assert target_head(target) == head
+
+
+def test_support_from_the_head_of_a_qualified_target(toy_corpus):
+    index = SimpleNamespace(corpus=toy_corpus)  # support needs only the passages
+    hits = ["t2", "t10", "t9"]  # Nashville, Vienna, Danube
+    assert support_verdict("Vienna, Austria", hits, index, "GPE").reason == "no_corpus_support"  # default: off
+    verdict = support_verdict("Vienna, Austria", hits, index, "GPE", try_head=True)
+    # "Vienna" is the title of t10 and occurs in t9's text
+    assert verdict == Verdict(True, "ok", ("t10", "t9"), "GPE head:Vienna")
+    # a target the whole form supports is unchanged by the option (the head is never tried)
+    for try_head in (False, True):
+        verdict = support_verdict("Nashville", hits, index, "GPE", try_head=try_head)
+        assert verdict == Verdict(True, "ok", ("t2",), "GPE")
+    assert support_verdict("Abuja, Nigeria", hits, index, "GPE", try_head=True).reason == "no_corpus_support"

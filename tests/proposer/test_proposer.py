@@ -1,13 +1,22 @@
 """Proposer parsing, prompts and reward against hand-computed cases (SPEC §3.1, §3.5)."""
+import dataclasses
+
 import pytest
 from hypothesis import given
 from hypothesis import strategies as st
 
 from coevo.core.config import compose, to_object
-from coevo.core.types import EvidencePath, Hop, Verdict
-from proposer.pipeline import PENDING, check_targets, propose_targets
+from coevo.core.types import Completion, EvidencePath, Hop, Verdict
+from proposer.pipeline import (
+    PENDING,
+    Candidate,
+    assign_proposer_rewards,
+    check_targets,
+    propose_targets,
+    proposer_sequences,
+)
 from proposer.prompts import parse_question, parse_target, question_messages, target_messages
-from proposer.reward import difficulty_reward, proposer_reward
+from proposer.reward import difficulty_reward, invalid_reward, proposer_reward
 
 
 @pytest.mark.parametrize("text,expected", [
@@ -76,3 +85,76 @@ def test_stage_rejections_are_verdicts(scripted_policy):
     assert rome.target_verdict == Verdict(False, "no_corpus_support", (), "none") and rome.reason == "no_corpus_support"
     assert cut.target_verdict == Verdict(False, "parse:no_target_tag") and cut.reason == "parse:no_target_tag"
     assert rome.question_verdict is PENDING and cut.to_record(None, [], {})["question_verdict"] == PENDING.to_record()
+
+
+@pytest.mark.parametrize("p,expected", [(0.0, 1.0), (0.25, 0.75), (0.5, 0.5), (1.0, 0.0), (1.5, 0.0), (-1.0, 1.0)])
+def test_adversarial_reward_is_one_minus_p(p, expected):
+    assert difficulty_reward(p, "adversarial") == pytest.approx(expected)
+    assert proposer_reward(p, kind="adversarial") == pytest.approx(expected)
+
+
+def test_adversarial_is_a_config_choice():
+    cfg = to_object(compose(["experiment=smoke", "proposer.reward=adversarial"]))
+    assert cfg.proposer.reward == "adversarial"
+
+
+@pytest.mark.parametrize("passed,expected", [(0, -0.5), (1, -0.4), (2, -0.3), (3, -0.2), (4, -0.1), (9, -0.1)])
+def test_invalid_reward_by_stage(passed, expected):
+    # -0.5 * (5 - k) / 5
+    assert invalid_reward(0.5, passed, by_stage=True) == pytest.approx(expected)
+    assert invalid_reward(0.5, passed, by_stage=False) == -0.5  # today's flat penalty
+    assert proposer_reward(None, 0.5, "abs", passed, by_stage=True) == pytest.approx(expected)
+
+
+def _cand(ref_index, index, stage, reason, reward=None, question=True):
+    target = Completion([1, 2], [3, 4, 5], "X</target>", [-0.1, -0.2, -0.3], "stop")
+    qcomp = Completion([6], [7, 8], "Q?</question>", [-0.4, -0.5], "stop") if question else None
+    cand = Candidate(ref_index, "ref", index, target, question_completion=qcomp, stage=stage, reason=reason)
+    cand.reward = reward
+    return cand
+
+
+@pytest.mark.parametrize("stage,reason,passed", [
+    ("target", "parse:no_target_tag", 0), ("target", "not_entity", 1), ("target", "no_corpus_support", 1),
+    ("path", "no_certified_path", 2), ("question", "parse:no_question_tag", 3), ("question", "leaks_target", 4),
+    ("accepted", "accepted", 5),
+])
+def test_stages_passed(stage, reason, passed):
+    assert _cand(0, 0, stage, reason).stages_passed == passed
+
+
+def test_stage_graded_penalty_gives_a_rejected_group_variance():
+    """Two unparsable targets and two valid targets whose questions leak: flat penalty -> one
+    zero-variance group; graded -> rewards [-0.5, -0.5, -0.1, -0.1], mean -0.3, unbiased std
+    sqrt(4 * 0.04 / 3) = 0.23094, advantages -+0.2 / 0.23094 = -+0.8660."""
+    def group():
+        return [_cand(0, 0, "target", "parse:no_target_tag", question=False),
+                _cand(0, 1, "target", "parse:no_target_tag", question=False),
+                _cand(0, 2, "question", "leaks_target"), _cand(0, 3, "question", "leaks_target")]
+
+    base = to_object(compose(["experiment=smoke"])).proposer
+    flat = group()
+    assign_proposer_rewards(flat, base)
+    assert [c.reward for c in flat] == [-0.5] * 4
+    assert proposer_sequences(flat) == ([], {"zero_var_groups": 1})
+    graded = group()
+    assign_proposer_rewards(graded, dataclasses.replace(base, invalid_penalty_by_stage=True))
+    assert [c.reward for c in graded] == pytest.approx([-0.5, -0.5, -0.1, -0.1])
+    batch, info = proposer_sequences(graded)
+    assert info == {"zero_var_groups": 0}
+    # call 1 of each candidate, call 2 of the two that reached the question
+    assert [round(s.advantage, 4) for s in batch] == [-0.866, -0.866, 0.866, 0.866, 0.866, 0.866]
+
+
+def test_keep_zero_advantage_keeps_zero_variance_groups():
+    """Group 0: rewards [1.0, 0.0] -> advantages +-0.7071; group 1: [-0.5, -0.5] -> zero variance."""
+    cands = [_cand(0, 0, "accepted", "accepted", 1.0), _cand(0, 1, "accepted", "accepted", 0.0),
+             _cand(1, 0, "target", "not_entity", -0.5, question=False),
+             _cand(1, 1, "target", "not_entity", -0.5, question=False)]
+    dropped, info = proposer_sequences(cands)
+    assert [round(s.advantage, 4) for s in dropped] == [0.7071, 0.7071, -0.7071, -0.7071]
+    kept, kept_info = proposer_sequences(cands, keep_zero=True)
+    assert [round(s.advantage, 4) for s in kept] == [0.7071, 0.7071, -0.7071, -0.7071, 0.0, 0.0]
+    assert info == kept_info == {"zero_var_groups": 1}
+    # loss-masked tokens (the token-mean denominator): 2 candidates * (3 + 2) before, + 2 * 3 kept
+    assert sum(sum(s.loss_mask) for s in dropped) == 10 and sum(sum(s.loss_mask) for s in kept) == 16

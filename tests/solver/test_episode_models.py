@@ -43,3 +43,17 @@ def test_smollm2_episode_batch_end_to_end(overlap_retriever):
     for ep in episodes:
         check_episode(ep, policy)
         assert ep.format_ok == (ep.answer is not None)
+
+
+def test_tiny_random_primed_ranker_call(overlap_retriever):
+    """`ranker.prime_tag` with a real tokenizer and engine: the tag's tokens end the prompt."""
+    from coevo.train.policy import Policy
+
+    policy = Policy.from_config(SolverConfig(preset="tiny-random", model="tiny-random", engine="hf", kl_coef=0.0))
+    cfg = RankerConfig(preset="tiny-random", model="tiny-random", engine="hf", n_candidates=4, top_k=2,
+                       max_new_tokens=8, prime_tag=True)
+    tool = SearchTool(overlap_retriever(), Ranker(cfg, policy), cfg)
+    (result,) = tool.search([("What is the capital of France?", "capital of France", ["Paris"], [])])
+    call, tag = result.call, policy.tokenizer.encode("<reason>", add_special_tokens=False)
+    assert call.generated and call.prompt_ids[-len(tag):] == tag and call.output.startswith("<reason>")
+    assert len(call.completion_ids) == len(call.logprobs) <= 8

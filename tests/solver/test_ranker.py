@@ -5,7 +5,7 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from coevo.core.config import RankerConfig
+from coevo.core.config import RankerConfig, SolverConfig
 from solver.ranker import (
     Ranker,
     SearchRequest,
@@ -15,6 +15,8 @@ from solver.ranker import (
     oracle_order,
     parse_rerank,
     ranker_messages,
+    ranker_policy_config,
+    shares_solver_policy,
 )
 
 REASON = "<reason>doc 3 names the capital</reason>"
@@ -191,3 +193,84 @@ def test_format_documents(passages):
     assert format_documents(passages[:2]) == ("Doc 1 (Title: Paris) Paris is the capital of France.\n"
                                              "Doc 2 (Title: Lyon) Lyon is a city in France.")
     assert format_documents([]) == "No results."
+
+
+@pytest.mark.parametrize("text,expected", [
+    ("<rerank>[3] > [1] > [2]</rerank>", ([2, 0, 1], "ok")),
+    ("\n<rerank> [5]>[4] > [1] </rerank> \n", ([4, 3, 0], "ok")),
+    (REASON + "<rerank>[3] > [1] > [2]</rerank>", (None, "unexpected_reason_tag")),
+    ("<rerank>[3] > [1] > [2]</rerank><reason>x</reason>", (None, "unexpected_reason_tag")),
+    ("<rerank>[3] > [1] > [2]</rerank> because", (None, "text_after_rerank")),
+    ("<rerank>[3] > [1]</rerank>", (None, "wrong_count")),
+    ("[3] > [1] > [2]", (None, "no_rerank_tag")),
+])
+def test_parse_rerank_without_reasoning(text, expected):
+    assert parse_rerank(text, 5, 3, reasoning=False) == expected
+
+
+@settings(max_examples=200, deadline=None)
+@given(st.text(), st.integers(-3, 20), st.integers(-3, 6))
+def test_parse_rerank_without_reasoning_never_raises(text, n, k):
+    indices, code = parse_rerank(text, n, k, reasoning=False)
+    assert (indices is None) == (code != "ok")
+
+
+def test_ranker_messages_without_reasoning_ask_for_rerank_only(passages):
+    msgs = ranker_messages("Q0?", "sub query", passages[:3], k=2, reasoning=False)
+    assert all("<reason>" not in m["content"] for m in msgs)
+    assert msgs[2]["content"] == "<rerank>[2] > [3]</rerank>"
+    assert parse_rerank(msgs[2]["content"], 6, 2, reasoning=False) == ([1, 2], "ok")
+    assert parse_rerank(msgs[2]["content"], 6, 2) == (None, "no_reason_tag")  # default format unchanged
+
+
+@pytest.mark.parametrize("reasoning,tag,reply", [
+    (True, "<reason>", "doc 3 names it</reason><rerank>[3] > [2]</rerank>"),
+    (False, "<rerank>", "[3] > [2]</rerank>"),
+])
+def test_primed_tag_is_in_the_prompt_and_reattached_before_parsing(make_tool, reasoning, tag, reply):
+    tool, policy, _ = make_tool("trainable", lambda p, o: reply, prime_tag=True, reasoning=reasoning)
+    (result,) = tool.search([REQ])
+    call = result.call
+    assert call.format_ok and call.chosen_ids == ["p3", "p2"]
+    assert policy.tokenizer.decode(call.prompt_ids).endswith("<|assistant|>" + tag)  # tag tokens: prompt, mask 0
+    assert policy.tokenizer.decode(call.completion_ids) == reply  # only generated tokens are trained
+    assert call.output == tag + reply
+    # Unprimed, the same reply lacks its opening tag and fails the (unchanged) parser.
+    unprimed, _, _ = make_tool("trainable", lambda p, o: reply, reasoning=reasoning)
+    (plain,) = unprimed.search([REQ])
+    assert not plain.call.format_ok and plain.call.reason == ("no_reason_tag" if reasoning else "no_rerank_tag")
+
+
+def test_primed_model_that_repeats_the_tag_fails(make_tool):
+    tool, _, _ = make_tool("trainable", lambda p, o: REASON + "<rerank>[3] > [2]</rerank>", prime_tag=True)
+    (result,) = tool.search([REQ])
+    assert not result.call.format_ok and result.call.reason == "bad_reason_tag"
+    assert result.call.chosen_ids == ["p0", "p2"]  # first-stage fallback
+
+
+def test_frozen_shared_backbone_ranker_is_a_separate_frozen_copy(scripted_policy):
+    solver = scripted_policy(lambda p, o: "")  # a training solver: frozen is False
+    copy = scripted_policy(lambda p, o: "")
+    copy.frozen = True
+    frozen_shared = _cfg(mode="frozen", share_backbone=True)
+    ranker = build_ranker(frozen_shared, solver, lambda: copy)
+    assert ranker.policy is copy and ranker.policy is not solver and ranker.policy.frozen
+    assert not shares_solver_policy(frozen_shared, solver_frozen=False)
+    # a trainable shared ranker is the solver itself; so is a frozen one beside a frozen solver
+    assert build_ranker(_cfg(share_backbone=True), solver, lambda: pytest.fail("must not load")).policy is solver
+    solver.frozen = True
+    assert build_ranker(frozen_shared, solver, lambda: pytest.fail("must not load")).policy is solver
+
+
+def test_ranker_policy_config():
+    solver_cfg = SolverConfig(preset="s", model="solver-model", checkpoint="/ckpt/solver", dtype="bfloat16")
+    own = ranker_policy_config(_cfg(mode="frozen", share_backbone=True, num_cpus=2.0), solver_cfg)
+    # the solver's model and start weights, frozen, with the ranker's serving settings
+    assert (own.preset, own.model, own.checkpoint, own.dtype) == ("s", "solver-model", "/ckpt/solver", "bfloat16")
+    assert own.frozen and own.mode == "frozen" and own.num_cpus == 2.0 and own.top_k == 2
+    assert ranker_policy_config(_cfg(share_backbone=True), solver_cfg) is None  # trainable: the solver's object
+    assert ranker_policy_config(_cfg(mode="oracle"), solver_cfg) is None
+    separate = _cfg(mode="frozen")
+    assert ranker_policy_config(separate, solver_cfg) is separate
+    frozen_solver = SolverConfig(preset="s", model="solver-model", frozen=True)
+    assert ranker_policy_config(_cfg(mode="frozen", share_backbone=True), frozen_solver) is None

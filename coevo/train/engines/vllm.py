@@ -44,6 +44,7 @@ from typing import Any, Optional
 
 import torch
 
+from coevo.core.lifetime import reap_with_owner
 from coevo.core.types import Completion, SamplingParams
 
 INSTALL_HINT = ("engine=vllm needs the vLLM package: on CPU machines `pip install -e '.[vllm]'` "
@@ -166,10 +167,9 @@ class VLLMEngine:
         vllm = require_vllm()
         if weight_sync == "ipc" and self._on_cpu():
             raise ValueError("weight_sync='ipc' needs the CUDA build of vLLM and a GPU; use 'tmpfs' on CPU")
-        self.tokenizer = tokenizer
-        self.weight_sync = weight_sync
-        self.sleep_mode = sleep_mode
+        self.tokenizer, self.weight_sync, self.sleep_mode = tokenizer, weight_sync, sleep_mode
         self.sync_dir = tempfile.mkdtemp(prefix="coevo-vllm-", dir=sync_root)
+        reap_with_owner(self.sync_dir)  # vLLM's processes would outlive a killed owner: its reaper ends them
         self.llm = None
         self._finalizer = weakref.finalize(self, _shutdown, None, self.sync_dir)
         self.last_sync_s: Optional[float] = None  # seconds of the latest sync_weights

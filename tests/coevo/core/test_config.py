@@ -60,7 +60,7 @@ def test_unknown_key_named():
     ("ranker.relevance=x", "ranker.relevance", "answer, evidence, both"),
     ("retrieval.backend=bm99", "retrieval.backend", "bm25s, rank_bm25, dense_minilm"),
     ("solver.reward.correctness=acc", "solver.reward.correctness", "em, f1"),
-    ("proposer.reward=linear", "proposer.reward", "abs, quadratic"),
+    ("proposer.reward=linear", "proposer.reward", "abs, quadratic, adversarial"),
     ("rollout.engine=tpu", "rollout.engine", "hf, vllm"),
     ("solver.engine=tpu", "solver.engine", "hf, vllm"),
     ("ranker.dtype=fp8", "ranker.dtype", "float32, bfloat16, float16"),
@@ -149,3 +149,10 @@ def test_role_presets_are_the_model_presets():
     preset = yaml.safe_load((Path(CONFIG_DIR) / "model" / "qwen2.5-7b.yaml").read_text())
     for role in ROLES:
         assert {k: cfg[role][k] for k in preset} == preset
+
+
+def test_learning_levers_default_to_todays_behaviour():
+    cfg = to_object(compose([]))
+    assert not cfg.proposer.invalid_penalty_by_stage and cfg.proposer.reward == "abs"
+    assert cfg.ranker.reasoning and not cfg.ranker.prime_tag and not cfg.evidence.support_head
+    assert not any(getattr(cfg, role).keep_zero_advantage for role in ("proposer", "solver", "ranker"))

@@ -3,7 +3,15 @@ import pytest
 from hypothesis import given
 from hypothesis import strategies as st
 
-from coevo.core.scoring import contains_answer, cover_em, exact_match, f1, normalize_answer, token_f1
+from coevo.core.scoring import (
+    contains_answer,
+    cover_em,
+    exact_match,
+    f1,
+    normalize_answer,
+    punctuation_to_spaces,
+    token_f1,
+)
 
 
 @pytest.mark.parametrize("text,expected", [
@@ -55,3 +63,10 @@ def test_contains_answer_is_token_aligned():
 def test_metrics_never_raise_and_are_bounded(pred, golds):
     for fn in (exact_match, f1, cover_em):
         assert 0.0 <= fn(pred, golds) <= 1.0
+
+
+def test_punctuation_to_spaces():
+    assert punctuation_to_spaces("Spider-Man’s “AC/DC”") == "Spider Man s  AC DC "
+    assert normalize_answer(punctuation_to_spaces("Spider-Man")) == "spider man"
+    assert normalize_answer("Spider-Man") == "spiderman"  # answer scoring keeps the SQuAD deletion
+    assert punctuation_to_spaces(None) == ""

@@ -62,20 +62,24 @@ class Recorder:
         return {"n_seqs": len(batch)}
 
 
-@pytest.fixture()
-def step_result(scripted_policy, overlap_retriever):
+def run_step(scripted_policy, overlap_retriever, references=((0, "who wrote hamlet"),), overrides=()):
     cfg = to_object(compose(["experiment=smoke", "proposer.group_size=2", "solver.group_size=2",
                              "ranker.top_k=3", "ranker.n_candidates=4", "ranker.min_group_size=1",
                              "proposer.max_new_tokens=200", "solver.max_new_tokens=200", "ranker.max_new_tokens=200",
-                             "solver.max_episode_tokens=4000"]))
+                             "solver.max_episode_tokens=4000", *overrides]))
     proposer = Recorder(scripted_policy(_proposer_reply))
     solver = Recorder(scripted_policy(_solver_reply))
     ranker = Recorder(scripted_policy(_ranker_reply))
     actors = SimpleNamespace(proposer=proposer, solver=solver, ranker=ranker, retrieval=overlap_retriever(),
                              evidence=FakeEvidence(),
                              trainable={"proposer": proposer, "solver": solver, "ranker": ranker})
-    records, metrics = coevolution_step(0, [(0, "who wrote hamlet")], actors, cfg, seed=1, progress=lambda s: None)
+    records, metrics = coevolution_step(0, list(references), actors, cfg, seed=1, progress=lambda s: None)
     return records, metrics, actors
+
+
+@pytest.fixture()
+def step_result(scripted_policy, overlap_retriever):
+    return run_step(scripted_policy, overlap_retriever)
 
 
 def test_stage_verdicts_and_rewards(step_result):
@@ -117,3 +121,29 @@ def test_updates_get_group_normalized_advantages(step_result):
     # one-call group: zero variance
     assert actors.ranker.batches == [] or all(len(b) == 0 for b in actors.ranker.batches)
     assert metrics["update"]["ranker"]["zero_var_groups"] == 1
+
+
+def test_repeated_reference_questions_keep_every_accepted_task(scripted_policy, overlap_retriever):
+    """A short question file cycled gives a step the same reference twice (same ref_index): both
+    accepted "Paris" candidates must be solved and rewarded, not collide in one task id."""
+    refs = [(0, "who wrote hamlet"), (0, "who wrote hamlet")]
+    records, metrics, actors = run_step(scripted_policy, overlap_retriever, refs)
+    assert [r["target"] for r in records] == ["Paris", "Atlantis", "Paris", "Atlantis"]
+    assert [r["task_id"] for r in records] == ["s0-q0-c0", None, "s0-q0-c2", None]
+    first, second = records[0], records[2]
+    assert len(first["rollouts"]) == len(second["rollouts"]) == 2
+    # each task's own rollouts; none of them gets the invalid penalty
+    assert first["accuracy"] is not None and second["accuracy"] is not None
+    assert first["proposer_reward"] >= 0.0 and second["proposer_reward"] >= 0.0
+    assert metrics["acceptance"]["task"] == 0.5
+
+
+def test_keep_zero_advantage_keeps_the_zero_variance_ranker_group(scripted_policy, overlap_retriever):
+    # The one ranker call forms a one-call group (zero variance): dropped by default, kept with the option.
+    _, metrics, actors = run_step(scripted_policy, overlap_retriever, overrides=["ranker.keep_zero_advantage=true"])
+    (ranker_batch,) = actors.ranker.batches
+    assert [s.advantage for s in ranker_batch] == [0.0]
+    assert metrics["update"]["ranker"]["zero_var_groups"] == 1 and metrics["update"]["ranker"]["n_seqs"] == 1
+    # the other roles' batches are unchanged (their groups have variance)
+    (solver_batch,) = actors.solver.batches
+    assert sorted(round(s.advantage, 3) for s in solver_batch) == [-0.707, 0.707]

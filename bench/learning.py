@@ -1,0 +1,374 @@
+"""Benchmark (not a test): does co-evolution learn? A trained arm against a frozen control (issue 11).
+
+    .venv/bin/python bench/learning.py [--steps 4] [--eval-limit 2] [--out DIR] [--png FILE] [--ray]
+        [--seed 0] [--arm-timeout S] [--eval-arg KEY=VALUE ...] [-- HYDRA_OVERRIDES...]
+    .venv/bin/python bench/learning.py --steps 2 --eval-limit 1 -- experiment=smoke   # tiny models, minutes
+
+Runs `python -m coevo.run` twice, one arm after the other, with the same seed, data and
+overrides (those after `--`, e.g. `ranker.prime_tag=true`): `trained`, and `control` with every
+policy frozen (`proposer.frozen=true solver.frozen=true ranker.frozen=true`). Each arm is a
+subprocess (`ray.local=true` unless `--ray`), so its processes are gone when it ends; its run
+dir is `<out>/<arm>` (default out: runs/learning-<stamp>), its output goes to
+`<out>/<arm>-run.log` and, prefixed, to stderr. Then `python -m coevo.eval mode=agent` evaluates
+each arm's final solver with its ranker on the first `--eval-limit` questions of each dataset
+of `$COEVO_SHARED_DATA/benchmarks/dev.jsonl` (the overrides after `--` and `--eval-arg` apply;
+the corpus is the eval default unless one of them sets it). Trained: the latest checkpoint's
+solver (and ranker, `ranker.mode=trainable`, when one was trained); control: the initial
+weights. Both use the run's `ranker.mode`. `--eval-limit 0` skips evaluation.
+
+Stdout is ONE JSON line, also written atomically to `<out>/learning.json` (rewritten after each
+phase, so a killed benchmark leaves what it had); a PNG of the main curves goes to `--png`
+(default `<out>/learning.png`). An arm whose run dies still reports the steps it finished,
+with `error` set; the line is printed anyway, and the exit status is then 1 (0 when every run
+and eval succeeded). Overrides that do not compose stop before any run: `arms` is empty and a
+top-level `error` says why. `png_error` appears only when the plot failed.
+
+    {"steps": N, "wall_s": seconds, "command": "python bench/learning.py ...", "overrides": [...],
+     "out": dir, "png": file, "arms": {"trained": ARM, "control": ARM}}
+    ARM = {"run_dir", "run_command", "run_s", "returncode", "error" (null when fine),
+           "series": {...}, "eval": {...} | null}
+
+`series`: one entry per finished step (metrics.jsonl line / tasks/step_<n>.jsonl dump); a rate
+with nothing to count is null.
+- steps: the step numbers; candidates, accepted: proposed / accepted task counts;
+- task_acceptance, target_acceptance, path_acceptance: share of candidates accepted / with a
+  valid target / with a certified evidence path;
+- reasons: {reason code: count} of the rejected candidates;
+- proposer_reward, solver_reward, ranker_reward: mean reward of candidates / rollouts / ranker calls;
+- solver_format_valid: share of rollouts that kept the action format; accuracy: mean solver
+  accuracy on accepted tasks; mean_searches: searches per rollout;
+- ranker_calls; ranker_format_valid: share of well-formed ranker outputs; hit@1, hit@3: Hit@k of
+  the ranking where an answer passage was among the candidates;
+- solver_groups: accepted tasks with rollouts (one solver GRPO group each); mixed_groups,
+  all_correct_groups, all_wrong_groups: their shares whose rollouts' `correctness` is mixed /
+  all >= 1 / all <= 0 (from the dumps);
+- accepted_hops: evidence-path hop count of each accepted task (from the dumps);
+- updates: {role: sequences in that role's GRPO update (0 when skipped)}; zero_var_groups: {role:
+  its groups without reward variance (null when not reported)}; step_s: seconds of the step.
+`eval` (macro average over datasets, from the coevo.eval result file): em, f1, cover_em,
+format_failure (share of episodes without a well-formed answer), searches (mean per question),
+n (questions), file, checkpoint (null: initial weights), command, eval_s, error (null when fine).
+"""
+from __future__ import annotations
+
+import argparse
+import json
+import math
+import os
+import shlex
+import signal
+import subprocess
+import sys
+import threading
+import time
+from collections import deque
+from pathlib import Path
+from typing import Any, Optional, Sequence
+
+# Run as a script, Python puts bench/ first on sys.path, where sibling scripts (bench/evidence.py)
+# would shadow the project's packages of the same name: the repo root goes first instead.
+_ROOT = Path(__file__).resolve().parents[1]
+sys.path[:] = [str(_ROOT)] + [p for p in sys.path if Path(p or ".").resolve() != _ROOT / "bench"]
+
+from coevo.core.io import atomic_write_text  # noqa: E402
+from coevo.evaluate.report import hop_count, load_run  # noqa: E402
+from coevo.train.checkpoint import latest_checkpoint  # noqa: E402
+
+ARMS = ("trained", "control")
+FROZEN = ["proposer.frozen=true", "solver.frozen=true", "ranker.frozen=true"]
+# series name -> path of keys in a metrics.jsonl line (coevo.orchestrate.records.step_metrics)
+METRIC_KEYS: dict[str, tuple[str, ...]] = {
+    "steps": ("step",), "candidates": ("candidates",), "accepted": ("accepted",),
+    "task_acceptance": ("acceptance", "task"), "target_acceptance": ("acceptance", "target"),
+    "path_acceptance": ("acceptance", "path"), "reasons": ("reasons",),
+    "proposer_reward": ("reward", "proposer"), "solver_reward": ("reward", "solver"),
+    "ranker_reward": ("reward", "ranker"), "solver_format_valid": ("solver", "format_valid"),
+    "accuracy": ("solver", "accuracy"), "mean_searches": ("solver", "mean_searches"),
+    "ranker_calls": ("ranker", "calls"), "ranker_format_valid": ("ranker", "format_valid"),
+    "hit@1": ("ranker", "hit@1"), "hit@3": ("ranker", "hit@3"),
+}
+PANELS = [("task_acceptance", "task acceptance"), ("solver_format_valid", "solver format-valid"),
+          ("ranker_format_valid", "ranker format-valid"), ("proposer_reward", "proposer reward"),
+          ("solver_reward", "solver reward"), ("mixed_groups", "mixed solver groups (share)")]
+
+
+# ---- series (pure) --------------------------------------------------------------------------
+
+def _at(record: Any, keys: Sequence[str]) -> Any:
+    for key in keys:
+        if not isinstance(record, dict):
+            return None
+        record = record.get(key)
+    return record
+
+
+def group_shares(records: Sequence[dict]) -> dict[str, Any]:
+    """Solver groups of one step's dump (accepted tasks with rollouts): count and mixed/all-correct/all-wrong shares."""
+    groups = [[float(ro.get("correctness") or 0.0) for ro in r.get("rollouts") or []]
+              for r in records if r.get("accepted")]
+    groups = [g for g in groups if g]
+    n = len(groups)
+    correct = sum(1 for g in groups if all(c >= 1.0 for c in g))
+    wrong = sum(1 for g in groups if all(c <= 0.0 for c in g))
+    share = (lambda k: k / n if n else None)  # noqa: E731
+    return {"solver_groups": n, "mixed_groups": share(n - correct - wrong),
+            "all_correct_groups": share(correct), "all_wrong_groups": share(wrong)}
+
+
+def update_sizes(metrics_line: dict) -> dict[str, int]:
+    """{role: sequences in its GRPO update}: 0 for a skipped (frozen or empty) update."""
+    updates = metrics_line.get("update") or {}
+    return {role: 0 if u.get("skipped") else int(u.get("n_seqs") or 0) for role, u in updates.items()}
+
+
+def extract_series(metrics: Sequence[dict], records: Sequence[dict]) -> dict[str, list]:
+    """Per-step series of one run: `metrics` = its metrics.jsonl lines, `records` = its dump
+    records each with its `step` (as `coevo.evaluate.report.load_run` returns them)."""
+    lines = sorted(metrics, key=lambda m: m.get("step", -1))
+    by_step: dict[int, list[dict]] = {}
+    for r in records:
+        by_step.setdefault(r.get("step", -1), []).append(r)
+    series: dict[str, list] = {name: [_at(m, keys) for m in lines] for name, keys in METRIC_KEYS.items()}
+    series["reasons"] = [r or {} for r in series["reasons"]]
+    shares = [group_shares(by_step.get(m.get("step", -1), [])) for m in lines]
+    for key in ("solver_groups", "mixed_groups", "all_correct_groups", "all_wrong_groups"):
+        series[key] = [s[key] for s in shares]
+    series["accepted_hops"] = [[h for r in by_step.get(m.get("step", -1), [])
+                                if r.get("accepted") and (h := hop_count(r)) is not None] for m in lines]
+    series["updates"] = [update_sizes(m) for m in lines]
+    series["zero_var_groups"] = [{role: u.get("zero_var_groups") for role, u in (m.get("update") or {}).items()}
+                                 for m in lines]
+    series["step_s"] = [round(sum((m.get("time_s") or {}).values()), 3) for m in lines]
+    return series
+
+
+def eval_summary(result: dict) -> dict[str, Any]:
+    """The macro-averaged numbers of a coevo.eval result."""
+    avg = (result.get("metrics") or {}).get("average") or {}
+    return {"em": avg.get("em"), "f1": avg.get("f1"), "cover_em": avg.get("cover_em"),
+            "format_failure": avg.get("format_failure"), "searches": avg.get("mean_searches"), "n": avg.get("n")}
+
+
+# ---- subprocesses ---------------------------------------------------------------------------
+
+def _kill_group(pgid: int) -> None:
+    try:
+        os.killpg(pgid, signal.SIGKILL)
+    except (ProcessLookupError, PermissionError):
+        pass
+
+
+def run_logged(cmd: list[str], log: Path, tag: str, timeout: Optional[float]) -> tuple[int, list[str], float]:
+    """Run `cmd` in its own session from the repo root; its output goes to `log` and (tagged) stderr.
+
+    Returns (exit code, last output lines, seconds). On timeout or exit, whatever the command
+    left in its process group is killed, so nothing of it outlives this call.
+    """
+    t0 = time.perf_counter()
+    tail: deque[str] = deque(maxlen=12)
+    log.parent.mkdir(parents=True, exist_ok=True)
+    with open(log, "w", encoding="utf-8") as f:
+        proc = subprocess.Popen(cmd, cwd=_ROOT, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True,
+                                errors="replace", start_new_session=True)
+        expired = threading.Event()
+        timer = threading.Timer(timeout, lambda: (expired.set(), _kill_group(proc.pid))) if timeout else None
+        if timer is not None:
+            timer.start()
+        try:
+            assert proc.stdout is not None
+            for line in proc.stdout:
+                f.write(line)
+                f.flush()
+                tail.append(line.rstrip())
+                print(f"[{tag}] {line.rstrip()}", file=sys.stderr, flush=True)
+            rc = proc.wait()
+        finally:
+            if timer is not None:
+                timer.cancel()
+            _kill_group(proc.pid)
+            proc.wait()
+    if expired.is_set():
+        tail.append(f"killed after the {timeout:.0f}s time limit")
+    return rc, list(tail), time.perf_counter() - t0
+
+
+def _error(what: str, rc: int, tail: list[str]) -> str:
+    last = " | ".join([line for line in tail if line.strip()][-3:])
+    return f"{what} exited with code {rc}: " + (last if len(last) <= 600 else "..." + last[-600:])
+
+
+def _shown(cmd: list[str]) -> str:
+    return shlex.join(["python", *cmd[1:]] if cmd[0] == sys.executable else cmd)
+
+
+def run_arm(arm: str, args: argparse.Namespace, out: Path) -> dict[str, Any]:
+    """Run one arm's co-evolution loop; its series (what it finished) and any error."""
+    run_dir = out / arm
+    cmd = [sys.executable, "-m", "coevo.run", *args.overrides, f"run.steps={args.steps}", f"run.dir={run_dir}",
+           f"seed={args.seed}", f"ray.local={str(not args.ray).lower()}", *(FROZEN if arm == "control" else [])]
+    print(f"== {arm}: {_shown(cmd)}", file=sys.stderr, flush=True)
+    rc, tail, seconds = run_logged(cmd, out / f"{arm}-run.log", arm, args.arm_timeout)
+    arm_result: dict[str, Any] = {"run_dir": str(run_dir), "run_command": _shown(cmd), "run_s": round(seconds, 1),
+                                  "returncode": rc, "error": None if rc == 0 else _error("coevo.run", rc, tail)}
+    try:
+        records, metrics = load_run(run_dir)
+        arm_result["series"] = extract_series(metrics, records)
+    except (OSError, ValueError) as e:
+        arm_result["series"] = extract_series([], [])
+        arm_result["error"] = arm_result["error"] or f"reading {run_dir}: {e}"
+    return arm_result
+
+
+def ranker_mode(overrides: Sequence[str]) -> str:
+    """The run's `ranker.mode` under these overrides (what both arms' evaluations use)."""
+    from coevo.core.config import compose
+
+    return str(compose(list(overrides)).ranker.mode)
+
+
+def eval_overrides(arm: str, run_dir: Path, mode: str) -> tuple[list[str], Optional[str], Optional[str]]:
+    """(eval overrides naming the arm's weights, checkpoint used or None, error or None)."""
+    overrides = [f"ranker.mode={mode}"]
+    if arm == "control":
+        return overrides, None, None
+    ckpt = latest_checkpoint(run_dir)
+    if ckpt is None:
+        return overrides, None, f"no complete checkpoint in {run_dir}/checkpoints: nothing trained to evaluate"
+    if (ckpt / "solver").is_dir():
+        overrides.append(f"solver.checkpoint={ckpt / 'solver'}")
+    if (ckpt / "ranker").is_dir() and mode == "trainable":
+        overrides.append(f"ranker.checkpoint={ckpt / 'ranker'}")
+    return overrides, str(ckpt), None
+
+
+def evaluate_arm(arm: str, args: argparse.Namespace, out: Path, mode: str) -> dict[str, Any]:
+    """Agent-mode eval of one arm's final solver and ranker; the eval summary (or its error)."""
+    own, ckpt, error = eval_overrides(arm, out / arm, mode)
+    result: dict[str, Any] = {"checkpoint": ckpt, "error": error}
+    if error:
+        return result
+    path = out / f"{arm}-eval.json"
+    cmd = [sys.executable, "-m", "coevo.eval", *args.overrides, *args.eval_arg, "mode=agent",
+           f"data={args.eval_data}", f"limit={args.eval_limit}", f"seed={args.seed}", f"out={path}", *own]
+    print(f"== eval {arm}: {_shown(cmd)}", file=sys.stderr, flush=True)
+    rc, tail, seconds = run_logged(cmd, out / f"{arm}-eval.log", f"eval {arm}", args.arm_timeout)
+    result.update(file=str(path), command=_shown(cmd), eval_s=round(seconds, 1))
+    if rc != 0:
+        return {**result, "error": _error("coevo.eval", rc, tail)}
+    try:
+        return {**eval_summary(json.loads(path.read_text(encoding="utf-8"))), **result}
+    except (OSError, ValueError) as e:
+        return {**result, "error": f"reading {path}: {e}"}
+
+
+# ---- plot, output, main ---------------------------------------------------------------------
+
+def _panel(ax: Any, arms: dict[str, dict], key: str, title: str) -> None:
+    steps: list[int] = []
+    plotted = False
+    for arm, style in (("trained", "o-"), ("control", "s--")):
+        series = (arms.get(arm) or {}).get("series") or {}
+        ys = [float("nan") if y is None else y for y in series.get(key, [])]
+        xs = series.get("steps", [])[:len(ys)]
+        steps += xs
+        plotted |= any(y == y for y in ys)
+        ax.plot(xs, ys, style, label=arm)
+    if not plotted:
+        ax.text(0.5, 0.5, "no data (null every step)", ha="center", va="center", transform=ax.transAxes)
+    if steps:
+        ax.set_xlim(min(steps) - 0.5, max(steps) + 0.5)
+    ax.xaxis.get_major_locator().set_params(integer=True)
+    ax.set_title(title)
+    ax.set_xlabel("step")
+    ax.grid(alpha=0.3)
+
+
+def plot(arms: dict[str, dict], path: Path, title: str = "") -> None:
+    """One panel per main curve, trained vs control (steps on x; null values leave gaps)."""
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    fig, axes = plt.subplots(2, 3, figsize=(13, 7), constrained_layout=True)
+    for ax, (key, name) in zip(axes.flat, PANELS):
+        _panel(ax, arms, key, name)
+    axes.flat[0].legend()
+    if title:
+        fig.suptitle(title, fontsize=9)
+    path.parent.mkdir(parents=True, exist_ok=True)
+    fig.savefig(path, dpi=100)
+    plt.close(fig)
+
+
+def parse_args(argv: Sequence[str]) -> argparse.Namespace:
+    """Options before `--`; everything after it is Hydra overrides for both arms (and their eval)."""
+    argv = list(argv)
+    cut = argv.index("--") if "--" in argv else len(argv)
+    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("--steps", type=int, default=4, help="co-evolution steps per arm")
+    parser.add_argument("--eval-limit", type=int, default=2, help="questions per dataset in the eval (0: no eval)")
+    parser.add_argument("--eval-data", type=Path, default=Path(os.environ.get("COEVO_SHARED_DATA", "../shared/data"))
+                        / "benchmarks" / "dev.jsonl")
+    parser.add_argument("--eval-arg", action="append", default=[], help="extra override for the evals only")
+    parser.add_argument("--out", type=Path, default=None, help="default runs/learning-<stamp>")
+    parser.add_argument("--png", type=Path, default=None, help="default <out>/learning.png")
+    parser.add_argument("--ray", action="store_true", help="run the roles as Ray actors (default ray.local=true)")
+    parser.add_argument("--seed", type=int, default=0)
+    parser.add_argument("--arm-timeout", type=float, default=None, help="seconds per run and per eval")
+    args = parser.parse_args(argv[:cut])
+    args.overrides = argv[cut + 1:]
+    if args.steps < 1 or args.eval_limit < 0:
+        parser.error("--steps must be >= 1 and --eval-limit >= 0")
+    args.out = (args.out or Path("runs") / f"learning-{time.strftime('%Y%m%d-%H%M%S')}").resolve()
+    args.png = (args.png or args.out / "learning.png").resolve()
+    args.eval_data = args.eval_data.expanduser().resolve()
+    return args
+
+
+def _finite(x: Any) -> Any:
+    """JSON has no NaN/inf: null instead, so every reader parses the line."""
+    if isinstance(x, float) and not math.isfinite(x):
+        return None
+    if isinstance(x, dict):
+        return {k: _finite(v) for k, v in x.items()}
+    return [_finite(v) for v in x] if isinstance(x, list) else x
+
+
+def _write(result: dict[str, Any], out: Path) -> str:
+    line = json.dumps(_finite(result), ensure_ascii=False, allow_nan=False)
+    atomic_write_text(out / "learning.json", line + "\n")
+    return line
+
+
+def main(argv: Optional[Sequence[str]] = None) -> int:
+    argv = list(sys.argv[1:] if argv is None else argv)
+    args = parse_args(argv)
+    t0 = time.perf_counter()
+    result: dict[str, Any] = {"steps": args.steps, "wall_s": None, "command": shlex.join(["python", "bench/learning.py",
+                              *argv]), "overrides": args.overrides, "out": str(args.out), "png": str(args.png),
+                              "arms": {}}
+    try:
+        mode = ranker_mode(args.overrides)
+    except Exception as e:  # a bad override: both arms would fail the same way
+        mode, result["error"] = "none", f"overrides do not compose: {e}"
+    for arm in ARMS:
+        if "error" in result:
+            break
+        result["arms"][arm] = run_arm(arm, args, args.out)
+        _write({**result, "wall_s": round(time.perf_counter() - t0, 1)}, args.out)
+        result["arms"][arm]["eval"] = evaluate_arm(arm, args, args.out, mode) if args.eval_limit else None
+        _write({**result, "wall_s": round(time.perf_counter() - t0, 1)}, args.out)
+    try:
+        plot(result["arms"], args.png, result["command"])
+    except Exception as e:  # the numbers matter more than the picture
+        result["png_error"] = f"{type(e).__name__}: {e}"
+    result["wall_s"] = round(time.perf_counter() - t0, 1)
+    print(_write(result, args.out), flush=True)
+    failed = "error" in result or any(a.get("error") or (a.get("eval") or {}).get("error")
+                                      for a in result["arms"].values())
+    return 1 if failed else 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,53 @@
+"""GRPO batches of the solver and the ranker: which sequences they hold (`keep_zero_advantage`)."""
+from types import SimpleNamespace
+
+import pytest
+
+from solver.training import ranker_sequences, solver_sequences
+
+
+def _episode(task_id, reward, n_generated=2):
+    # prompt of 3 tokens (mask 0), then n_generated solver tokens (mask 1)
+    return SimpleNamespace(task_id=task_id, reward=reward, token_ids=[1, 2, 3] + [4] * n_generated,
+                           loss_mask=[0, 0, 0] + [1] * n_generated, logprobs=None, n_generated=n_generated)
+
+
+EPISODES = [
+    # t1 rewards [1.0, 0.5, 0.0]: mean 0.5, unbiased std 0.5 -> advantages [1, 0, -1]
+    _episode("t1", 1.0), _episode("t1", 0.5), _episode("t1", 0.0),
+    # t2 rewards [0.2, 0.2]: zero variance -> advantages [0, 0]; the second generated nothing
+    _episode("t2", 0.2), _episode("t2", 0.2, n_generated=0),
+]
+
+
+def test_solver_batch_drops_zero_advantage_by_default():
+    batch, info = solver_sequences(EPISODES)
+    assert [round(s.advantage, 4) for s in batch] == [1.0, -1.0]
+    assert info == {"groups": 2, "zero_var_groups": 1, "zero_var_share": 0.5}
+    assert sum(sum(s.loss_mask) for s in batch) == 4  # the token-mean denominator
+
+
+def test_solver_batch_keeps_zero_advantage_when_asked():
+    batch, info = solver_sequences(EPISODES, keep_zero=True)
+    # the zero-advantage t1 rollout and the t2 rollout that generated tokens; never an empty one
+    assert [round(s.advantage, 4) for s in batch] == [1.0, 0.0, -1.0, 0.0]
+    assert info["zero_var_groups"] == 1
+    assert sum(sum(s.loss_mask) for s in batch) == 8  # 4 sequences * 2 generated tokens
+
+
+def _call(reward, n_completion=3):
+    return SimpleNamespace(reward=reward, prompt_ids=[9, 9], completion_ids=[5] * n_completion,
+                           logprobs=[-0.1] * n_completion)
+
+
+def test_ranker_batch_keep_zero_advantage():
+    # group 0 rewards [2.0, 0.0]: mean 1.0, unbiased std 1.4142 -> advantages +-0.7071
+    # group 1 rewards [1.0, 1.0, 1.0]: zero variance
+    groups = [[_call(2.0), _call(0.0)], [_call(1.0), _call(1.0), _call(1.0)]]
+    dropped, info = ranker_sequences(groups)
+    assert [round(s.advantage, 4) for s in dropped] == [0.7071, -0.7071]
+    assert info == {"groups": 2, "zero_var_groups": 1, "mean_group_size": 2.5}
+    kept, _ = ranker_sequences(groups, keep_zero=True)
+    assert [round(s.advantage, 4) for s in kept] == [0.7071, -0.7071, 0.0, 0.0, 0.0]
+    for seq in kept:  # prompt masked out, completion trained, old logprobs aligned
+        assert seq.loss_mask == [0, 0, 1, 1, 1] and seq.old_logprobs == pytest.approx([0.0, 0.0, -0.1, -0.1, -0.1])

@@ -72,23 +72,72 @@ def masked_mean(x: Tensor, mask: Tensor, denom: Optional[float] = None) -> Tenso
     return masked_sum(x, mask) / max(count, 1.0)
 
 
-def sequence_token_logprobs(model: torch.nn.Module, input_ids: Tensor, attention_mask: Tensor) -> Tensor:
+# Vocabulary columns per chunk in `token_logprobs`: the fp32 temporaries are [B, T, chunk], so
+# a 152k vocabulary never has a full fp32 [B, T, V] copy (4 x 4096 x 152k fp32 is 10 GB).
+LOGPROB_CHUNK = 8192
+
+
+class _TokenLogprobs(torch.autograd.Function):
+    """log_softmax(logits)[..., target] in fp32, computed and differentiated in vocabulary chunks.
+
+    Only `logits` (the model's own output, alive anyway) and the [...] logsumexp are saved;
+    the backward recomputes softmax chunk by chunk into one gradient of `logits`' dtype.
+    """
+
+    @staticmethod
+    def forward(ctx, logits: Tensor, targets: Tensor, chunk: int) -> Tensor:  # noqa: ANN001
+        lse = torch.full(logits.shape[:-1], float("-inf"), dtype=torch.float32, device=logits.device)
+        for start in range(0, logits.shape[-1], chunk):
+            lse = torch.logaddexp(lse, torch.logsumexp(logits[..., start:start + chunk].float(), dim=-1))
+        ctx.save_for_backward(logits, targets, lse)
+        ctx.chunk = chunk
+        return logits.gather(-1, targets.unsqueeze(-1)).squeeze(-1).float() - lse
+
+    @staticmethod
+    def backward(ctx, grad_out: Tensor) -> tuple[Tensor, None, None]:  # noqa: ANN001
+        logits, targets, lse = ctx.saved_tensors
+        g = grad_out.float().unsqueeze(-1)
+        grad = torch.empty_like(logits)
+        for start in range(0, logits.shape[-1], ctx.chunk):
+            part = torch.exp(logits[..., start:start + ctx.chunk].float() - lse.unsqueeze(-1)).mul_(-g)
+            # d/dlogit = g * (onehot - softmax); the onehot term is added in fp32 before the cast.
+            local = (targets - start).unsqueeze(-1)
+            inside = (local >= 0) & (local < part.shape[-1])
+            part.scatter_add_(-1, local.clamp(0, part.shape[-1] - 1), torch.where(inside, g, torch.zeros_like(g)))
+            grad[..., start:start + ctx.chunk] = part
+        return grad, None, None
+
+
+def token_logprobs(logits: Tensor, targets: Tensor, chunk_size: int = LOGPROB_CHUNK) -> Tensor:
+    """out[...] = log_softmax(logits.float(), -1)[..., targets[...]], without a full fp32 copy.
+
+    logits: [..., V] any float dtype (e.g. [B, T, V] bf16); targets: [...] long in [0, V).
+    Returns [...] float32, differentiable w.r.t. `logits`. The logsumexp is accumulated over
+    vocabulary chunks of `chunk_size` columns (the last one may be shorter), so besides
+    `logits` and its gradient only [..., chunk_size] fp32 temporaries exist, in the forward
+    and in the backward alike; equal to the plain log_softmax + gather within float tolerance.
+    """
+    if chunk_size < 1:
+        raise ValueError(f"chunk_size must be >= 1, got {chunk_size}")
+    return _TokenLogprobs.apply(logits, targets, int(chunk_size))
+
+
+def sequence_token_logprobs(model: torch.nn.Module, input_ids: Tensor, attention_mask: Tensor,
+                            chunk_size: int = LOGPROB_CHUNK) -> Tensor:
     """Log-probs of each next token under `model`: out[b, t] = log p(input_ids[b, t+1] | input_ids[b, :t+1]).
 
     input_ids, attention_mask: [B, T] (left or right padding; positions are derived from the
     mask so both give the same values as an unpadded forward). Returns [B, T-1] float32 with
-    gradients if enabled. Log-softmax runs in fp32 one row at a time: a bf16 model never
-    materializes a full [B, T, V] fp32 copy, and `gather - logsumexp` avoids a second one.
+    gradients if enabled; the [B, T, V] logits live only inside this call (and, with
+    gradients, in the graph until backward). Log-probs come from `token_logprobs`.
     """
     position_ids = (attention_mask.long().cumsum(-1) - 1).clamp(min=0)
     logits = model(input_ids=input_ids, attention_mask=attention_mask, position_ids=position_ids,
                    use_cache=False).logits
-    targets = input_ids[:, 1:]
-    rows = []
-    for b in range(input_ids.shape[0]):
-        row = logits[b, :-1].float()
-        rows.append(row.gather(-1, targets[b].unsqueeze(-1)).squeeze(-1) - torch.logsumexp(row, dim=-1))
-    return torch.stack(rows)
+    # The last position predicts nothing; a dummy target there keeps `logits` whole: slicing
+    # it to [B, T-1, V] would make the backward allocate another full-size zero gradient.
+    targets = torch.cat([input_ids[:, 1:], torch.zeros_like(input_ids[:, :1])], dim=1)
+    return token_logprobs(logits, targets, chunk_size)[:, :-1]
 
 
 def clipped_surrogate_loss(logprobs: Tensor, old_logprobs: Tensor, advantages: Tensor, loss_mask: Tensor,

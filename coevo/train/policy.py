@@ -6,7 +6,11 @@
   count of the *whole* batch, so the step sees the exact token-level mean of SPEC §5.1);
 - the model stays in eval mode throughout: RL ratios must compare the same deterministic
   function that generated the tokens, so dropout stays off while gradients still flow;
-- log-probs are those of the raw model (no temperature), matching `HFEngine` logprobs.
+- log-probs are those of the raw model (no temperature), matching `HFEngine` logprobs;
+- memory is bounded by one micro-batch, not the batch: old and reference log-probs are
+  computed one micro-batch at a time under no_grad and kept as [b, T-1] floats on the CPU;
+  each micro-batch is padded to its own longest sequence, put on the device only for its
+  forward/backward, and its logits and activations are released before the next one.
 """
 from __future__ import annotations
 
@@ -22,6 +26,7 @@ from coevo.core.grpo import clipped_surrogate_loss, k3_kl, masked_mean, sequence
 from coevo.core.io import atomic_dir
 from coevo.core.types import Completion, Engine, SamplingParams, TrainSequence
 from coevo.train.engines import build_engine
+from coevo.train.host_memory import pin_mmap_threshold
 from coevo.train.models import load_model_and_tokenizer
 
 OPTIMIZER_FILE = "optimizer.pt"
@@ -46,6 +51,9 @@ class Policy:
         if self.frozen:
             self.model.requires_grad_(False)
         else:
+            # Freed activations must go back to the system, or every update leaves the process
+            # larger (host_memory has the numbers).
+            pin_mmap_threshold()
             if cfg.kl_coef > 0:
                 self.ref_model = copy.deepcopy(model).eval().requires_grad_(False)
             params = [p for p in self.model.parameters() if p.requires_grad]
@@ -99,62 +107,83 @@ class Policy:
 
     # ---- training ---------------------------------------------------------------------------
 
-    def _micro_batches(self, batch: list[TrainSequence]) -> list[dict]:
-        """Right-padded tensors per micro-batch; similar lengths share one to waste little padding.
-
-        Keys: ids, attn [b, T]; mask, old [b, T-1] (shifted to align with next-token logprobs);
-        adv [b]; has_old [b] bool.
-        """
+    def _micro_batches(self, batch: list[TrainSequence]) -> list[list[TrainSequence]]:
+        """`batch` split into micro-batches of `micro_batch_size`; similar lengths share one to waste little padding."""
         order = sorted(range(len(batch)), key=lambda i: len(batch[i].input_ids), reverse=True)
         size = max(1, int(self.cfg.micro_batch_size))
-        out = []
-        for start in range(0, len(order), size):
-            seqs = [batch[i] for i in order[start:start + size]]
-            width = max(2, max(len(s.input_ids) for s in seqs))
-            ids = torch.full((len(seqs), width), self.tokenizer.pad_token_id or 0, dtype=torch.long)
-            attn = torch.zeros((len(seqs), width), dtype=torch.long)
-            mask = torch.zeros((len(seqs), width), dtype=torch.float32)
-            old = torch.zeros((len(seqs), width), dtype=torch.float32)
-            for i, s in enumerate(seqs):
-                n = len(s.input_ids)
-                ids[i, :n] = torch.tensor(s.input_ids, dtype=torch.long)
-                attn[i, :n] = 1
-                mask[i, :n] = torch.tensor(s.loss_mask, dtype=torch.float32)
-                if s.old_logprobs is not None:
-                    old[i, :n] = torch.tensor(s.old_logprobs, dtype=torch.float32)
-            dev = self.device
-            out.append({"ids": ids.to(dev), "attn": attn.to(dev), "mask": mask[:, 1:].to(dev),
-                        "old": old[:, 1:].to(dev), "adv": torch.tensor([s.advantage for s in seqs]).to(dev),
-                        "has_old": torch.tensor([s.old_logprobs is not None for s in seqs]).to(dev)})
-        return out
+        return [[batch[i] for i in order[start:start + size]] for start in range(0, len(order), size)]
+
+    def _tensors(self, seqs: list[TrainSequence]) -> dict:
+        """Right-padded device tensors of one micro-batch, as wide as its own longest sequence.
+
+        Keys: ids, attn [b, T]; mask, old [b, T-1] (shifted to align with next-token logprobs;
+        old is 0 where a sequence has none); adv [b]; has_old [b] bool.
+        """
+        width = max(2, max(len(s.input_ids) for s in seqs))
+        ids = torch.full((len(seqs), width), self.tokenizer.pad_token_id or 0, dtype=torch.long)
+        attn = torch.zeros((len(seqs), width), dtype=torch.long)
+        mask = torch.zeros((len(seqs), width), dtype=torch.float32)
+        old = torch.zeros((len(seqs), width), dtype=torch.float32)
+        for i, s in enumerate(seqs):
+            n = len(s.input_ids)
+            ids[i, :n] = torch.tensor(s.input_ids, dtype=torch.long)
+            attn[i, :n] = 1
+            mask[i, :n] = torch.tensor(s.loss_mask, dtype=torch.float32)
+            if s.old_logprobs is not None:
+                old[i, :n] = torch.tensor(s.old_logprobs, dtype=torch.float32)
+        dev = self.device
+        return {"ids": ids.to(dev), "attn": attn.to(dev), "mask": mask[:, 1:].to(dev), "old": old[:, 1:].to(dev),
+                "adv": torch.tensor([s.advantage for s in seqs], dtype=torch.float32).to(dev),
+                "has_old": torch.tensor([s.old_logprobs is not None for s in seqs]).to(dev)}
 
     @torch.no_grad()
-    def _prepare(self, mbs: list[dict]) -> None:
-        """Fill missing old logprobs (current weights, before any step) and reference logprobs."""
-        for mb in mbs:
+    def _prepare(self, groups: list[list[TrainSequence]]) -> list[dict]:
+        """Per micro-batch, {"old", "ref" (with a reference model)}: [b, T-1] float32 log-probs on the CPU.
+
+        Missing old log-probs come from the current weights, before any step. One micro-batch
+        is on the device at a time and only these per-token floats outlive it.
+        """
+        out = []
+        for seqs in groups:
+            mb = self._tensors(seqs)
+            old = mb["old"]
             if not bool(mb["has_old"].all()):
                 current = sequence_token_logprobs(self.model, mb["ids"], mb["attn"])
-                mb["old"] = torch.where(mb["has_old"].unsqueeze(-1), mb["old"], current)
+                old = torch.where(mb["has_old"].unsqueeze(-1), old, current)
+            logps = {"old": old.cpu()}
             if self.ref_model is not None:
-                mb["ref"] = sequence_token_logprobs(self.ref_model, mb["ids"], mb["attn"])
+                logps["ref"] = sequence_token_logprobs(self.ref_model, mb["ids"], mb["attn"]).cpu()
+            out.append(logps)
+        return out
 
-    def _epoch(self, mbs: list[dict], n_tokens: int) -> dict:
+    def _micro_step(self, seqs: list[TrainSequence], logps: dict, n_tokens: int) -> tuple[float, float, float]:
+        """Forward + backward of one micro-batch (gradients accumulate); returns (pg, kl, clipped tokens).
+
+        A method of its own so that the micro-batch's tensors and graph are released on return,
+        before the next micro-batch's forward.
+        """
+        cfg = self.cfg
+        mb = self._tensors(seqs)
+        old = logps["old"].to(self.device)
+        lp = sequence_token_logprobs(self.model, mb["ids"], mb["attn"])
+        pg, m = clipped_surrogate_loss(lp, old, mb["adv"], mb["mask"], cfg.clip_eps, denom=n_tokens)
+        loss, kl_value = pg, 0.0
+        if self.ref_model is not None:
+            kl = masked_mean(k3_kl(lp, logps["ref"].to(self.device), mb["mask"]), mb["mask"], denom=n_tokens)
+            loss = loss + cfg.kl_coef * kl
+            kl_value = float(kl.detach())
+        loss.backward()
+        return float(pg.detach()), kl_value, m["clip_frac"] * m["n_tokens"]
+
+    def _epoch(self, groups: list[list[TrainSequence]], logps: list[dict], n_tokens: int) -> dict:
         """One optimizer step over all micro-batches; returns this epoch's metrics."""
         cfg = self.cfg
         assert self.optimizer is not None
         self.optimizer.zero_grad(set_to_none=True)
         pg_total, kl_total, clipped = 0.0, 0.0, 0.0
-        for mb in mbs:
-            lp = sequence_token_logprobs(self.model, mb["ids"], mb["attn"])
-            pg, m = clipped_surrogate_loss(lp, mb["old"], mb["adv"], mb["mask"], cfg.clip_eps, denom=n_tokens)
-            loss = pg
-            if self.ref_model is not None:
-                kl = masked_mean(k3_kl(lp, mb["ref"], mb["mask"]), mb["mask"], denom=n_tokens)
-                loss = loss + cfg.kl_coef * kl
-                kl_total += float(kl.detach())
-            loss.backward()
-            pg_total += float(pg.detach())
-            clipped += m["clip_frac"] * m["n_tokens"]
+        for seqs, lp in zip(groups, logps):
+            pg, kl, n_clipped = self._micro_step(seqs, lp, n_tokens)
+            pg_total, kl_total, clipped = pg_total + pg, kl_total + kl, clipped + n_clipped
         params = [p for g in self.optimizer.param_groups for p in g["params"]]
         max_norm = cfg.grad_clip if cfg.grad_clip > 0 else float("inf")
         grad_norm = float(torch.nn.utils.clip_grad_norm_(params, max_norm))
@@ -178,9 +207,9 @@ class Policy:
         n_tokens = int(sum(sum(1 for m in s.loss_mask[1:] if m) for s in batch))
         if n_tokens == 0:
             return {"skipped": True, "n_seqs": len(batch), "n_tokens": 0}
-        mbs = self._micro_batches(batch)
-        self._prepare(mbs)
-        epochs = [self._epoch(mbs, n_tokens) for _ in range(max(1, int(self.cfg.ppo_epochs)))]
+        groups = self._micro_batches(batch)
+        logps = self._prepare(groups)
+        epochs = [self._epoch(groups, logps, n_tokens) for _ in range(max(1, int(self.cfg.ppo_epochs)))]
         self.engine.sync_weights(self.model)
         metrics = {k: sum(e[k] for e in epochs) / len(epochs) for k in epochs[0]}
         metrics.update(n_seqs=len(batch), n_tokens=n_tokens, time_s=time.perf_counter() - t0)

@@ -8,7 +8,8 @@ import torch
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from coevo.core.grpo import clipped_surrogate_loss, group_advantages, k3_kl, masked_mean, sequence_token_logprobs
+from coevo.core.grpo import (clipped_surrogate_loss, group_advantages, k3_kl, masked_mean, sequence_token_logprobs,
+                             token_logprobs)
 
 # ---- advantages -------------------------------------------------------------------------------
 
@@ -140,6 +141,45 @@ def test_masked_positions_do_not_change_loss_or_grad(b: int, t: int, seed: int, 
     assert loss_a == pytest.approx(loss_b, abs=1e-6) and math.isfinite(loss_b)
     assert torch.equal(grad_a, grad_b)
     assert grad_b[~keep].eq(0).all()
+
+
+# ---- chunked token log-probs -------------------------------------------------------------------
+
+def test_token_logprobs_hand_values_and_gradient() -> None:
+    # softmax([0, ln 2, ln 3]) = [1/6, 2/6, 3/6]; chunks of 2 columns split the vocabulary 2 + 1.
+    logits = torch.log(torch.tensor([[1.0, 2.0, 3.0], [1.0, 2.0, 3.0]])).requires_grad_(True)
+    out = token_logprobs(logits, torch.tensor([2, 0]), chunk_size=2)
+    assert torch.allclose(out, torch.tensor([math.log(1 / 2), math.log(1 / 6)]), atol=1e-6)
+    out.sum().backward()
+    # d log p_y / d logits = onehot(y) - softmax
+    expected = torch.tensor([[-1 / 6, -2 / 6, 1 / 2], [5 / 6, -2 / 6, -3 / 6]])
+    assert torch.allclose(logits.grad, expected, atol=1e-6)
+    huge = torch.tensor([[1e4, 0.0, -1e4]])  # no overflow: the logsumexp is stable chunk by chunk
+    assert torch.allclose(token_logprobs(huge, torch.tensor([1]), 1), torch.tensor([-1e4]))
+    with pytest.raises(ValueError):
+        token_logprobs(huge, torch.tensor([1]), 0)
+
+
+@pytest.mark.parametrize("chunk", [1, 5, 16, 37, 100])  # 5 and 16 do not divide V = 37
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
+def test_token_logprobs_equal_log_softmax_gather(chunk: int, dtype: torch.dtype) -> None:
+    g = torch.Generator().manual_seed(chunk)
+    logits = (3 * torch.randn(3, 6, 37, generator=g)).to(dtype)
+    targets = torch.randint(0, 37, (3, 6), generator=g)
+    upstream = torch.randn(3, 6, generator=g)  # an arbitrary loss: gradients of every position differ
+
+    def run(fn) -> tuple[torch.Tensor, torch.Tensor]:  # noqa: ANN001
+        x = logits.clone().requires_grad_(True)
+        out = fn(x)
+        (out * upstream).sum().backward()
+        return out.detach(), x.grad
+
+    plain, plain_grad = run(lambda x: torch.log_softmax(x.float(), -1).gather(-1, targets[..., None]).squeeze(-1))
+    chunked, chunked_grad = run(lambda x: token_logprobs(x, targets, chunk))
+    assert chunked.dtype == torch.float32 and chunked_grad.dtype == dtype
+    assert torch.allclose(chunked, plain, atol=1e-5)
+    tol = 1e-6 if dtype == torch.float32 else 1e-2  # bf16: one rounding of the same fp32 value
+    assert torch.allclose(chunked_grad.float(), plain_grad.float(), atol=tol)
 
 
 # ---- log-probs under a model --------------------------------------------------------------------

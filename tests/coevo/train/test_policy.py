@@ -2,15 +2,18 @@
 from __future__ import annotations
 
 import copy
+import platform
+import sys
 
 import pytest
 import torch
 
 from coevo.core.config import PolicyConfig
-from coevo.core.grpo import sequence_token_logprobs
+from coevo.core.grpo import k3_kl, sequence_token_logprobs
 from coevo.core.types import SamplingParams, TrainSequence
 from coevo.train.engines import build_engine
 from coevo.train.engines.hf import HFEngine
+from coevo.train.host_memory import pin_mmap_threshold
 from coevo.train.policy import Policy
 
 GREEDY = SamplingParams(temperature=0.0, max_new_tokens=10)
@@ -198,6 +201,11 @@ def test_masked_inputs_and_micro_batching_do_not_change_the_step(tiny) -> None:
         assert _same(results[0], other, atol=1e-6)
 
 
+def test_mmap_threshold_is_pinned_on_glibc_only() -> None:
+    glibc = sys.platform.startswith("linux") and platform.libc_ver()[0] == "glibc"
+    assert pin_mmap_threshold() is glibc
+
+
 def test_save_load_round_trip(tiny, tiny_dir, tmp_path) -> None:
     model, tok = tiny
     policy = Policy(_cfg(kl_coef=0.1), model, tok)
@@ -217,3 +225,87 @@ def test_save_load_round_trip(tiny, tiny_dir, tmp_path) -> None:
     assert all(torch.equal(state_a[k]["exp_avg"], state_b[k]["exp_avg"]) for k in state_a)
     prompt = [_ids(tok, "who is")]
     assert policy.generate(prompt, GREEDY)[0][0].token_ids == fresh.generate(prompt, GREEDY)[0][0].token_ids
+
+
+# ---- Policy.update moves the policy the right way (a sign error anywhere fails these) ------------
+
+def _masked_logprob_sums(model, seqs: list[TrainSequence]) -> list[float]:  # noqa: ANN001
+    """Sum of log p over each sequence's loss-masked tokens."""
+    out = []
+    with torch.no_grad():
+        for s in seqs:
+            ids = torch.tensor([s.input_ids])
+            lp = sequence_token_logprobs(model, ids, torch.ones_like(ids))[0]
+            out.append(float((lp * torch.tensor(s.loss_mask[1:], dtype=torch.float32)).sum()))
+    return out
+
+
+def _k3_to_reference(policy: Policy, seqs: list[TrainSequence]) -> float:
+    """Token-level mean of the k3 KL estimator over all loss-masked tokens (what the KL term minimizes)."""
+    total, count = 0.0, 0
+    with torch.no_grad():
+        for s in seqs:
+            ids = torch.tensor([s.input_ids])
+            lp = sequence_token_logprobs(policy.model, ids, torch.ones_like(ids))
+            ref = sequence_token_logprobs(policy.ref_model, ids, torch.ones_like(ids))
+            mask = torch.tensor([s.loss_mask[1:]])
+            total += float(k3_kl(lp, ref, mask).sum())
+            count += int(mask.sum())
+    return total / count
+
+
+def _use_sgd(policy: Policy, lr: float) -> None:
+    # Plain SGD steps along -gradient, so each sequence's first-order change has the sign the
+    # loss gives it; Adam's first step (~lr * sign(g) per weight) would blur that.
+    policy.optimizer = torch.optim.SGD(policy.model.parameters(), lr=lr)
+
+
+def _distinct_batch(tok) -> list[TrainSequence]:  # noqa: ANN001
+    """Four sequences with their own generated words and lengths, advantages +1, -1, +1, -1."""
+    prompt = _ids(tok, "what is the answer ?")
+    gens = ["the answer is 4", "who was in Doc", "search ( information ) 5 6", "Title of 7 8 9 and"]
+    return [TrainSequence(prompt + _ids(tok, g), [0] * len(prompt) + [1] * len(_ids(tok, g)), a)
+            for g, a in zip(gens, [1.0, -1.0, 1.0, -1.0])]
+
+
+def test_update_raises_positive_and_lowers_negative_advantage_sequences(tiny) -> None:
+    model, tok = tiny
+    batch = _distinct_batch(tok)
+    # micro-batches of 3 over 4 lengths: sorting must keep each advantage with its sequence
+    policy = Policy(_cfg(micro_batch_size=3, grad_clip=0.0), model, tok)
+    _use_sgd(policy, lr=0.05)
+    before = _masked_logprob_sums(policy.model, batch)
+    policy.update(batch)
+    after = _masked_logprob_sums(policy.model, batch)
+    for s, b, a in zip(batch, before, after):
+        assert (a - b) * s.advantage > 0, (s.advantage, b, a)
+
+
+def test_kl_term_alone_pulls_the_policy_back_to_the_reference(tiny) -> None:
+    model, tok = tiny
+    policy = Policy(_cfg(kl_coef=1.0, grad_clip=0.0, micro_batch_size=3), model, tok)
+    gen = torch.Generator().manual_seed(0)
+    with torch.no_grad():  # move the policy away from its reference copy first
+        for p in policy.model.parameters():
+            p.add_(0.02 * torch.randn(p.shape, generator=gen))
+    batch = [TrainSequence(s.input_ids, s.loss_mask, 0.0) for s in _distinct_batch(tok)]
+    kl_before = _k3_to_reference(policy, batch)
+    assert kl_before > 1e-3
+    _use_sgd(policy, lr=0.05)
+    metrics = policy.update(batch)
+    assert metrics["pg_loss"] == 0.0 and metrics["kl"] == pytest.approx(kl_before, rel=1e-4)
+    assert _k3_to_reference(policy, batch) < kl_before
+
+
+def test_first_epoch_loss_is_the_token_mean_of_minus_advantage(tiny) -> None:
+    model, tok = tiny
+    batch = _batch(tok)  # advantages 1, -1, 0.5, -0.5 over sequences of different lengths
+    # Old log-probs are recomputed from the same weights, so every ratio is 1 at the first epoch
+    # and each masked token contributes -A; the reference equals the policy, so the KL is 0.
+    n = [sum(s.loss_mask[1:]) for s in batch]
+    expected = -sum(s.advantage * k for s, k in zip(batch, n)) / sum(n)
+    assert expected != 0.0
+    metrics = Policy(_cfg(kl_coef=0.5, micro_batch_size=3), model, tok).update(batch)
+    assert metrics["pg_loss"] == pytest.approx(expected, abs=1e-6)
+    assert metrics["kl"] == pytest.approx(0.0, abs=1e-7) and metrics["loss"] == pytest.approx(expected, abs=1e-6)
+    assert metrics["n_tokens"] == sum(n) and metrics["clip_frac"] == 0.0

@@ -25,8 +25,8 @@ from coevo.core.config import PolicyConfig
 from coevo.core.grpo import clipped_surrogate_loss, k3_kl, masked_mean, sequence_token_logprobs
 from coevo.core.io import atomic_dir
 from coevo.core.types import Completion, Engine, SamplingParams, TrainSequence
+from coevo.train.allocator import pin_mmap_threshold
 from coevo.train.engines import build_engine
-from coevo.train.host_memory import pin_mmap_threshold
 from coevo.train.models import load_model_and_tokenizer
 
 OPTIMIZER_FILE = "optimizer.pt"
@@ -52,7 +52,7 @@ class Policy:
             self.model.requires_grad_(False)
         else:
             # Freed activations must go back to the system, or every update leaves the process
-            # larger (host_memory has the numbers).
+            # larger (coevo/train/allocator.py has the numbers).
             pin_mmap_threshold()
             if cfg.kl_coef > 0:
                 self.ref_model = copy.deepcopy(model).eval().requires_grad_(False)

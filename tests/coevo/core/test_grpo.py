@@ -8,8 +8,14 @@ import torch
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from coevo.core.grpo import (clipped_surrogate_loss, group_advantages, k3_kl, masked_mean, sequence_token_logprobs,
-                             token_logprobs)
+from coevo.core.grpo import (
+    clipped_surrogate_loss,
+    group_advantages,
+    k3_kl,
+    masked_mean,
+    sequence_token_logprobs,
+    token_logprobs,
+)
 
 # ---- advantages -------------------------------------------------------------------------------
 

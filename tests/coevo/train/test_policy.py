@@ -11,9 +11,9 @@ import torch
 from coevo.core.config import PolicyConfig
 from coevo.core.grpo import k3_kl, sequence_token_logprobs
 from coevo.core.types import SamplingParams, TrainSequence
+from coevo.train.allocator import pin_mmap_threshold
 from coevo.train.engines import build_engine
 from coevo.train.engines.hf import HFEngine
-from coevo.train.host_memory import pin_mmap_threshold
 from coevo.train.policy import Policy
 
 GREEDY = SamplingParams(temperature=0.0, max_new_tokens=10)

@@ -14,6 +14,7 @@ alias or acronym of one already on the branch ("Snow" after "Hank Snow", "IP" af
 from __future__ import annotations
 
 import random
+import re
 from typing import Any, Optional
 
 import networkx as nx
@@ -188,3 +189,23 @@ def build_evidence_paths(target: Any, retriever: Any, index: EntityIndex, max_ho
             seen.add(ident)
             paths.append(path)
     return sorted(paths, key=lambda p: -len(p))  # stable: growth order kept within a length
+
+
+_SENTENCE_END = re.compile(r"(?<=[.!?])\s+")
+
+
+def direct_path(target: str, passage: Any) -> EvidencePath:
+    """`proposer.generation=direct`: the target and its answer-side passage, no certified chain.
+
+    ZEST's comparison for path-guided generation: one uncertified hop from the passage's title
+    to the target, carrying the passage's first sentence that names the target (its first
+    sentence when none does), so the question prompt and the static checks see the same shape
+    as a path's. Nothing here checks that the sentence links the two: that is the point.
+    """
+    sentences = [s for s in _SENTENCE_END.split(" ".join(str(passage.text).split())) if s]
+    key = f" {normalize_entity(target)} "
+    named = [s for s in sentences if key in f" {normalize_entity(s)} "]
+    sentence = (named or sentences or [str(passage.title)])[0]
+    hop = Hop(head=str(passage.title), tail=target, sentence=sentence, passage_id=str(passage.id),
+              title=str(passage.title), score=0.0, cue="direct")
+    return EvidencePath(target, (hop,))

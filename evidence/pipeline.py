@@ -3,6 +3,7 @@
     pipe = EvidencePipeline.from_config(corpus, retriever, cfg.evidence)
     verdicts = pipe.validate_targets(targets, reference_questions)   # SPEC §3.2
     paths = pipe.build_paths(targets, rng=seed)                       # SPEC §3.3
+    paths = pipe.direct_paths(targets, support_ids)                   # or: generation=direct
     checks = pipe.validate_questions(questions, targets, first_paths) # SPEC §3.4
 """
 from __future__ import annotations
@@ -13,7 +14,7 @@ from coevo.core.config import EvidenceConfig
 from coevo.core.types import EvidencePath, Verdict
 from evidence.corpus import Corpus
 from evidence.entities import EntityIndex, build_entity_index
-from evidence.paths import as_random, build_evidence_paths
+from evidence.paths import as_random, build_evidence_paths, direct_path
 from evidence.validate import check_target_form, support_verdict, validate_question
 
 
@@ -61,6 +62,15 @@ class EvidencePipeline:
         return [build_evidence_paths(t, self.retriever, self.index, max_hops=self.cfg.max_hops,
                                      branching=self.cfg.branching, rng=seed, retrieve_k=self.cfg.retrieve_k)
                 for t, seed in zip(targets, seeds)]
+
+    def direct_paths(self, targets: Sequence[str], support_ids: Sequence[Sequence[str]]) -> list[list[EvidencePath]]:
+        """`proposer.generation=direct`: per target, the one-hop path to its first supporting
+        passage (the target verdict's evidence); none when that passage is unknown."""
+        out: list[list[EvidencePath]] = []
+        for target, ids in zip(targets, support_ids):
+            known = [pid for pid in ids if pid in self.corpus]
+            out.append([direct_path(target, self.corpus[known[0]])] if known else [])
+        return out
 
     def validate_questions(self, questions: Sequence[Any], targets: Sequence[Any],
                            paths: Sequence[EvidencePath]) -> list[Verdict]:

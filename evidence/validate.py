@@ -214,7 +214,9 @@ def validate_question(question: Any, target: Any, path: Any, max_chars: int = 30
     if leaked:
         return _reject("leaks_target", leaked, evidence)
     # The heads e0 … e_k-1 are the entities a question may name; the last tail is the target.
-    others = [e for e in (getattr(h, "head", "") for h in hops) if isinstance(e, str)]
+    # A head that is the target itself (a direct path from the target's own page) licenses none of its tokens.
+    others = [e for e in (getattr(h, "head", "") for h in hops)
+              if isinstance(e, str) and spaced_key(e) != spaced_key(target_text)]
     q_tokens = set(_word_keys(text))
     for token in distinctive_tokens(target_text, others):
         if token in q_tokens:

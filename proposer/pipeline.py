@@ -9,7 +9,7 @@ proxy in the loop, a local pipeline in tests).
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import Any, Optional
+from typing import Any, Optional, Sequence
 
 import torch
 
@@ -33,6 +33,7 @@ class Candidate:
     reference: str
     index: int  # position inside the reference question's group
     target_completion: Completion
+    grounding: tuple[str, ...] = ()  # titles shown in call 1 (`proposer.grounding`), empty when off
     target: Optional[str] = None
     target_verdict: Verdict = PENDING
     paths_found: int = 0
@@ -75,7 +76,8 @@ class Candidate:
         question = self.question_completion
         return {
             "task_id": task_id, "reference_question": self.reference, "reference_index": self.ref_index,
-            "candidate": self.index, "target_output": TARGET_OPEN + self.target_completion.text,
+            "candidate": self.index, "grounding_titles": list(self.grounding),
+            "target_output": TARGET_OPEN + self.target_completion.text,
             "target": self.target, "target_verdict": self.target_verdict.to_record(), "paths_found": self.paths_found,
             "evidence_path": self.path.to_record() if self.path is not None else None,
             "question_output": QUESTION_OPEN + question.text if question is not None else None,
@@ -85,9 +87,9 @@ class Candidate:
         }
 
 
-def _sampling(cfg: ProposerConfig, max_tokens: int, stop: str, seed: Optional[int], n: int) -> SamplingParams:
+def _sampling(cfg: ProposerConfig, max_tokens: int, stops: list[str], seed: Optional[int], n: int) -> SamplingParams:
     return SamplingParams(temperature=cfg.temperature, top_p=cfg.top_p,
-                          max_new_tokens=min(max_tokens, cfg.max_new_tokens), stop=[stop], n=n, seed=seed)
+                          max_new_tokens=min(max_tokens, cfg.max_new_tokens), stop=stops, n=n, seed=seed)
 
 
 def primed_prompt(policy: Any, messages: list[dict], opening_tag: str) -> list[int]:
@@ -99,27 +101,49 @@ def primed_prompt(policy: Any, messages: list[dict], opening_tag: str) -> list[i
     return policy.chat_prompt_ids(messages) + list(policy.tokenizer.encode(opening_tag, add_special_tokens=False))
 
 
-def _closed(opening_tag: str, comp: Completion) -> str:
+def _closed(opening_tag: str, comp: Completion, end_stop: Optional[str] = None) -> str:
     """Primed tag + completion; a turn the model ended itself (EOS) closes an open tag.
 
+    `end_stop` is a stop string that ends the answer itself (`proposer.question_stop`: "?"):
+    a completion stopped there is cut right after it and closed, as EOS would close it.
     A completion cut by the token budget stays unclosed and fails to parse.
     """
     text = opening_tag + comp.text
     closing = opening_tag.replace("<", "</", 1)
-    if comp.finish_reason == "eos" and closing not in text:
-        text += closing
-    return text
+    if closing in text:
+        return text
+    if end_stop and comp.finish_reason == "stop" and end_stop in text:
+        return text[: text.index(end_stop) + len(end_stop)] + closing
+    return text + closing if comp.finish_reason == "eos" else text
+
+
+def grounding_titles(retriever: Any, questions: Sequence[str], k: int) -> list[tuple[str, ...]]:
+    """Distinct titles of the top-`k` passages retrieved for each question (`proposer.grounding`).
+
+    `retriever` has the search tool's surface: `search(queries, k)` → hits with `passage_id`,
+    and `corpus[passage_id]` → a passage with a `title`.
+    """
+    if k <= 0:
+        return [() for _ in questions]
+    hits = retriever.search(list(questions), k)
+    return [tuple(dict.fromkeys(retriever.corpus[h.passage_id].title for h in row)) for row in hits]
 
 
 def propose_targets(proposer: Any, references: list[tuple[int, str]], cfg: ProposerConfig,
-                    seed: Optional[int] = None) -> list[Candidate]:
-    """Call 1: `group_size` sampled targets per reference question, one generate call in all."""
-    prompts = [primed_prompt(proposer, target_messages(q), TARGET_OPEN) for _, q in references]
-    outputs = proposer.generate(prompts, _sampling(cfg, TARGET_MAX_TOKENS, "</target>", seed, cfg.group_size))
+                    seed: Optional[int] = None,
+                    titles: Optional[Sequence[tuple[str, ...]]] = None) -> list[Candidate]:
+    """Call 1: `group_size` sampled targets per reference question, one generate call in all.
+
+    `titles`: one tuple per reference, shown in the prompt (`grounding_titles`); None: ZEST's prompt.
+    """
+    titles = list(titles) if titles is not None else [() for _ in references]
+    prompts = [primed_prompt(proposer, target_messages(q, shown), TARGET_OPEN)
+               for (_, q), shown in zip(references, titles)]
+    outputs = proposer.generate(prompts, _sampling(cfg, TARGET_MAX_TOKENS, ["</target>"], seed, cfg.group_size))
     cands = []
-    for (ref_index, question), completions in zip(references, outputs):
+    for (ref_index, question), shown, completions in zip(references, titles, outputs):
         for i, comp in enumerate(completions):
-            cand = Candidate(ref_index, question, i, comp)
+            cand = Candidate(ref_index, question, i, comp, grounding=shown)
             cand.target, reason = parse_target(_closed(TARGET_OPEN, comp))
             if cand.target is None:
                 cand.target_verdict = Verdict(False, f"parse:{reason}")
@@ -140,12 +164,18 @@ def check_targets(evidence: Any, cands: list[Candidate]) -> None:
             cand.reject("target", verdict.reason)
 
 
-def attach_paths(evidence: Any, cands: list[Candidate], seed: int) -> None:
-    """SPEC §3.3: certified evidence paths per valid target; the first (best-ranked) is used."""
+def attach_paths(evidence: Any, cands: list[Candidate], seed: int, direct: bool = False) -> None:
+    """SPEC §3.3: certified evidence paths per valid target; the first (best-ranked) is used.
+
+    `direct` (`proposer.generation=direct`): the target's supporting passage instead of a path.
+    """
     live = [c for c in cands if c.live]
     if not live:
         return
-    paths = evidence.build_paths([c.target for c in live], seed)
+    if direct:
+        paths = evidence.direct_paths([c.target for c in live], [list(c.target_verdict.evidence) for c in live])
+    else:
+        paths = evidence.build_paths([c.target for c in live], seed)
     for cand, found in zip(live, paths):
         cand.paths_found = len(found)
         if not found:
@@ -160,10 +190,12 @@ def propose_questions(proposer: Any, cands: list[Candidate], cfg: ProposerConfig
     if not live:
         return
     prompts = [primed_prompt(proposer, question_messages(c.target, c.path), QUESTION_OPEN) for c in live]
-    outputs = proposer.generate(prompts, _sampling(cfg, QUESTION_MAX_TOKENS, "</question>", seed, 1))
+    end_stop = "?" if cfg.question_stop else None
+    stops = ["</question>"] + ([end_stop] if end_stop else [])
+    outputs = proposer.generate(prompts, _sampling(cfg, QUESTION_MAX_TOKENS, stops, seed, 1))
     for cand, completions in zip(live, outputs):
         cand.question_completion = completions[0]
-        cand.question, reason = parse_question(_closed(QUESTION_OPEN, completions[0]))
+        cand.question, reason = parse_question(_closed(QUESTION_OPEN, completions[0], end_stop))
         if cand.question is None:
             cand.question_verdict = Verdict(False, f"parse:{reason}")
             cand.reject("question", f"parse:{reason}")

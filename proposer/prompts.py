@@ -5,7 +5,7 @@ Parsers take untrusted model output and return `(value | None, reason_code)`; th
 from __future__ import annotations
 
 import re
-from typing import Any, Optional
+from typing import Any, Optional, Sequence
 
 from coevo.core.types import EvidencePath
 
@@ -74,10 +74,23 @@ def parse_question(text: Any) -> tuple[Optional[str], str]:
     return parse_tagged(text, "question")
 
 
-def target_messages(reference_question: str) -> list[dict]:
-    """Chat messages of proposer call 1."""
-    return [{"role": "system", "content": TARGET_SYSTEM},
-            {"role": "user", "content": TARGET_USER.format(question=reference_question.strip())}]
+# `proposer.grounding` (not ZEST): the titles of passages retrieved for the reference question
+# are the candidate answers; a title is an entity the corpus knows and has a page for.
+GROUNDED_TARGET_USER = (
+    "Reference question: {question}\n"
+    "Wikipedia articles found for it: {titles}\n\n"
+    "Pick the answer of a new question: one of these articles' subjects (a person, place, organization, work, "
+    "event, or a date/number anchored to a named topic). Do not copy the reference question.\n"
+    "Reply with the entity name only, inside tags: <target>entity name</target>"
+)
+
+
+def target_messages(reference_question: str, titles: Sequence[str] = ()) -> list[dict]:
+    """Chat messages of proposer call 1; with `titles` (`proposer.grounding`) the grounded prompt."""
+    question = reference_question.strip()
+    user = (GROUNDED_TARGET_USER.format(question=question, titles="; ".join(titles)) if titles
+            else TARGET_USER.format(question=question))
+    return [{"role": "system", "content": TARGET_SYSTEM}, {"role": "user", "content": user}]
 
 
 def question_messages(target: str, path: EvidencePath) -> list[dict]:

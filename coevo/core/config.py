@@ -35,6 +35,13 @@ class DType(StrEnum):
     float16 = "float16"
 
 
+class ProposerGeneration(StrEnum):
+    """How proposer call 2 is grounded."""
+
+    path = "path"  # a certified multi-hop evidence path (ZEST)
+    direct = "direct"  # the target's answer-side passage only (ZEST's comparison for path guidance)
+
+
 class ProposerReward(StrEnum):
     """Difficulty reward of a task solved by a share p of the solver's rollouts."""
 
@@ -136,6 +143,9 @@ class ProposerConfig(PolicyConfig):
     reward: ProposerReward = ProposerReward.abs  # difficulty reward: abs 1-|2p-1| | quadratic 4p(1-p) | adversarial 1-p
     max_target_chars: int = 80  # targets longer than this are rejected (too_long)
     questions_per_step: int = 4  # reference questions consumed per co-evolution step
+    grounding: int = 0  # >0: call 1 lists the titles of this many passages retrieved for the reference (not ZEST)
+    generation: ProposerGeneration = ProposerGeneration.path  # call 2 from: path (certified chain) | direct
+    question_stop: bool = False  # call 2 ends at the first "?" (one question per output; small models, not ZEST)
 
 
 @dataclass

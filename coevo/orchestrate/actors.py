@@ -125,6 +125,9 @@ class EvidenceWorker:
 
         return self.pipeline.build_paths(targets, random.Random(seed))
 
+    def direct_paths(self, targets: list[str], support_ids: list[list[str]]) -> list[list[EvidencePath]]:
+        return self.pipeline.direct_paths(targets, support_ids)
+
     def validate_questions(self, questions: list[str], targets: list[str],
                            paths: list[EvidencePath]) -> list[Verdict]:
         return self.pipeline.validate_questions(questions, targets, paths)
@@ -141,6 +144,9 @@ class RemoteEvidence:
 
     def build_paths(self, targets: list[str], seed: int) -> list[list[EvidencePath]]:
         return call(self.actor.build_paths.remote(targets, seed), "evidence paths")
+
+    def direct_paths(self, targets: list[str], support_ids: list[list[str]]) -> list[list[EvidencePath]]:
+        return call(self.actor.direct_paths.remote(targets, support_ids), "direct evidence")
 
     def validate_questions(self, questions: list[str], targets: list[str],
                            paths: list[EvidencePath]) -> list[Verdict]:

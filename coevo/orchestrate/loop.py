@@ -21,6 +21,7 @@ from proposer.pipeline import (
     attach_paths,
     check_questions,
     check_targets,
+    grounding_titles,
     propose_questions,
     propose_targets,
     proposer_sequences,
@@ -53,10 +54,11 @@ def coevolution_step(step: int, references: list[tuple[int, str]], actors: Any, 
     """Run one step of SPEC §2 and return (task-dump records, metrics)."""
     timer = StageTimer()
     with timer("target"):
-        cands = propose_targets(actors.proposer, references, cfg.proposer, seed)
+        titles = grounding_titles(actors.retrieval, [q for _, q in references], cfg.proposer.grounding)
+        cands = propose_targets(actors.proposer, references, cfg.proposer, seed, titles)
         check_targets(actors.evidence, cands)
     with timer("path"):
-        attach_paths(actors.evidence, cands, seed)
+        attach_paths(actors.evidence, cands, seed, direct=cfg.proposer.generation == "direct")
     with timer("question"):
         propose_questions(actors.proposer, cands, cfg.proposer, seed + 1)
         check_questions(actors.evidence, cands)

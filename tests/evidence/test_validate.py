@@ -7,6 +7,8 @@ import pytest
 
 from coevo.core.config import EvidenceConfig
 from coevo.core.types import EvidencePath, Hop, Verdict
+from evidence.corpus import Passage
+from evidence.paths import direct_path
 from evidence.pipeline import EvidencePipeline
 from evidence.validate import (
     distinctive_tokens,
@@ -173,3 +175,22 @@ def test_support_from_the_head_of_a_qualified_target(toy_corpus):
         verdict = support_verdict("Nashville", hits, index, "GPE", try_head=try_head)
         assert verdict == Verdict(True, "ok", ("t2",), "GPE")
     assert support_verdict("Abuja, Nigeria", hits, index, "GPE", try_head=True).reason == "no_corpus_support"
+
+
+def test_direct_path_is_one_uncertified_hop_from_the_answer_passage():
+    page = Passage("p7", "Hank Snow", "Hank Snow was a singer. In 1949 he moved to Nashville, Tennessee. He died.")
+    path = direct_path("Tennessee", page)
+    assert [(h.head, h.tail, h.sentence, h.passage_id, h.cue) for h in path.hops] == [
+        ("Hank Snow", "Tennessee", "In 1949 he moved to Nashville, Tennessee.", "p7", "direct")]
+    # no sentence names the target: the first sentence is shown
+    assert direct_path("Ohio", page).hops[0].sentence == "Hank Snow was a singer."
+    # question checks take it like any path
+    assert validate_question("Which state did Hank Snow move to in 1949?", "Tennessee", path) == \
+        Verdict(True, "ok", ("p7",))
+
+
+def test_a_head_equal_to_the_target_does_not_license_its_tokens():
+    own_page = EvidencePath("Waylon Jennings", (_hop("Waylon Jennings", "Waylon Jennings",
+                                                     "Waylon Jennings was a singer.", "p1"),))
+    assert validate_question("Which singer named Jennings recorded in Nashville?", "Waylon Jennings",
+                             own_page).reason == "leaks_target_token"

@@ -11,7 +11,10 @@ from proposer.pipeline import (
     PENDING,
     Candidate,
     assign_proposer_rewards,
+    attach_paths,
     check_targets,
+    grounding_titles,
+    propose_questions,
     propose_targets,
     proposer_sequences,
 )
@@ -158,3 +161,73 @@ def test_keep_zero_advantage_keeps_zero_variance_groups():
     assert info == kept_info == {"zero_var_groups": 1}
     # loss-masked tokens (the token-mean denominator): 2 candidates * (3 + 2) before, + 2 * 3 kept
     assert sum(sum(s.loss_mask) for s in dropped) == 10 and sum(sum(s.loss_mask) for s in kept) == 16
+
+
+def test_grounding_titles_are_distinct_top_k_titles(overlap_retriever, passages):
+    extra = dataclasses.replace(passages[0], id="p9", text="Paris hosts the capital city hall of France.")
+    retriever = overlap_retriever(passages + [extra])
+    titles = grounding_titles(retriever, ["capital of France", "zzz"], 3)
+    # word overlap with {capital, of, france}: p0 Paris 3, p9 Paris 3, p2 Berlin 2, p3 France 2: the top 3
+    # passages are p0, p9, p2 and the repeated title is shown once
+    assert titles == [("Paris", "Berlin"), ()]  # nothing retrieved for "zzz": nothing shown
+    assert grounding_titles(retriever, ["capital of France"], 0) == [()]  # off: no search at all
+    assert len(retriever.queries) == 1
+
+
+def test_grounded_prompt_lists_titles_and_records_them(scripted_policy):
+    prompts = []
+    policy = scripted_policy(lambda prompt, occ: prompts.append(prompt) or "Lyon</target>")
+    cfg = dataclasses.replace(to_object(compose(["experiment=smoke"])).proposer, group_size=1)
+    cands = propose_targets(policy, [(0, "who founded paris"), (1, "other")], cfg, seed=0,
+                            titles=[("Paris", "France"), ()])
+    assert "Wikipedia articles found for it: Paris; France" in prompts[0] and "who founded paris" in prompts[0]
+    assert "Wikipedia articles found" not in prompts[1]
+    assert target_messages("q")[-1]["content"] == target_messages("q", ())[-1]["content"]  # off = ZEST's prompt
+    assert cands[0].to_record(None, [], {})["grounding_titles"] == ["Paris", "France"]
+    assert cands[1].to_record(None, [], {})["grounding_titles"] == []
+
+
+@pytest.mark.parametrize("question_stop,reply,expected", [
+    (True, "Who led it? Answer: Rome</question>", ("Who led it?", "ok")),  # cut after the first "?"
+    (False, "Who led it? Answer: Rome</question>", ("Who led it? Answer: Rome", "ok")),
+    (True, "Who led it</question> more?", ("Who led it", "ok")),  # the closing tag came first
+    (True, "no question mark at all " * 20, (None, "parse:no_question_tag")),  # budget cut: still unclosed
+    # without the lever EOS closes the tag after everything; static checks reject it later (multiple_questions)
+    (False, "Where is it?</answer> Question: Where?", ("Where is it?</answer> Question: Where?", "ok")),
+    (True, "Where is it?</answer> Question: Where?", ("Where is it?", "ok")),
+])
+def test_question_stop_ends_the_question_at_its_mark(scripted_policy, question_stop, reply, expected):
+    hop = Hop("Hamlet", "Denmark", "Hamlet is set in Denmark.", "p1", "Hamlet", 1.0, "relation")
+    cfg = dataclasses.replace(to_object(compose(["experiment=smoke"])).proposer, question_stop=question_stop,
+                              max_new_tokens=64)
+    cand = Candidate(0, "ref", 0, Completion([1], [2], "Denmark</target>", [-0.1], "stop"), target="Denmark")
+    cand.path = EvidencePath("Denmark", (hop,))
+    propose_questions(scripted_policy(lambda prompt, occ: reply), [cand], cfg, seed=0)
+    got = (cand.question, "ok" if cand.question is not None else cand.reason)
+    assert got == expected
+    assert cand.question_completion.text in reply  # the sampled tokens are what the policy trains on
+
+
+def test_direct_generation_asks_for_the_supporting_passage_not_a_path():
+    class Evidence:
+        calls: list = []
+
+        def build_paths(self, targets, seed):
+            self.calls.append(("paths", targets))
+            return [[] for _ in targets]
+
+        def direct_paths(self, targets, support_ids):
+            self.calls.append(("direct", targets, support_ids))
+            return [[EvidencePath(t)] for t in targets]
+
+    def cand(target, evidence):
+        c = Candidate(0, "ref", 0, Completion([1], [2], "x", [-0.1], "eos"), target=target)
+        c.target_verdict = Verdict(True, "ok", evidence)
+        return c
+
+    cands = [cand("Rome", ("p1", "p2")), cand("Oslo", ("p3",))]
+    attach_paths(Evidence(), cands, seed=0, direct=True)
+    assert Evidence.calls == [("direct", ["Rome", "Oslo"], [["p1", "p2"], ["p3"]])]
+    assert [c.path.target for c in cands] == ["Rome", "Oslo"] and all(c.paths_found == 1 for c in cands)
+    attach_paths(Evidence(), [cand("Rome", ("p1",))], seed=0)
+    assert Evidence.calls[-1] == ("paths", ["Rome"])

@@ -1,0 +1,165 @@
+"""Benchmark (not a test): what each issue-11 lever does to the untrained policies' first step.
+
+    .venv/bin/python bench/levers.py [--questions 12] [--ranker-questions 16] [--seed 0] [--out FILE]
+        [--proposer-arms NAME...] [--ranker-arms NAME...] [-- BASE_OVERRIDES...]
+
+Loads the stack once (every policy frozen, `ray.local` wiring), then runs the proposer's
+stages (call 1 → target checks → paths → call 2 → question checks, no solving) on the first
+`--questions` reference questions of the run's list, once per proposer arm, and the search
+tool's ranker on the first `--ranker-questions` questions of `benchmarks/dev.jsonl` once per
+ranker arm. Every arm uses the same seed, so an arm differs from `baseline` only by its
+overrides (listed in the output). Nothing is trained: this measures the levers' effect on the
+signal a first update would get, which is what decides whether GRPO has groups to learn from.
+
+Proposer arm fields: candidates; target_parsed / target_valid / path / question_parsed /
+accepted: share of candidates that passed that stage; reasons: {reason: count};
+rejected_groups: groups whose every candidate was rejected, and rejected_groups_with_variance:
+how many of those have reward variance under the stage-graded penalty (under the flat penalty
+none has, so no proposer update can come from them).
+Ranker arm fields: calls, format_valid (share of well-formed rankings), hit@1 / hit@3 (answer
+passage ranked 1st / in the top 3, among calls whose candidates hold one).
+
+Stdout is one JSON line (also written to --out): {"questions", "ranker_questions", "seed",
+"base_overrides", "wall_s", "proposer": {arm: {...}}, "ranker": {arm: {...}}}.
+"""
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import sys
+import time
+from collections import Counter
+from pathlib import Path
+from typing import Any
+
+_ROOT = Path(__file__).resolve().parents[1]  # the repo root first: bench/evidence.py must not shadow evidence/
+sys.path[:] = [str(_ROOT)] + [p for p in sys.path if Path(p or ".").resolve() != _ROOT / "bench"]
+
+from coevo.core.config import compose, to_object  # noqa: E402
+from coevo.core.io import atomic_write_text, read_jsonl  # noqa: E402
+from coevo.orchestrate.actors import create_local_actors  # noqa: E402
+from coevo.orchestrate.outputs import load_reference_questions  # noqa: E402
+from proposer.pipeline import (  # noqa: E402
+    Candidate,
+    attach_paths,
+    check_questions,
+    check_targets,
+    grounding_titles,
+    propose_questions,
+    propose_targets,
+)
+from proposer.reward import invalid_reward  # noqa: E402
+from solver.ranker import SearchRequest, SearchTool, build_ranker  # noqa: E402
+
+FROZEN = ["proposer.frozen=true", "solver.frozen=true", "ranker.frozen=true", "run.memory_check=false"]
+PROPOSER_ARMS: dict[str, list[str]] = {
+    "baseline": [],
+    "temperature_0.7": ["proposer.temperature=0.7"],
+    "grounding_5": ["proposer.grounding=5"],
+    "question_stop": ["proposer.question_stop=true"],
+    "support_head": ["evidence.support_head=true"],
+    "direct": ["proposer.generation=direct"],
+    "all": ["proposer.temperature=0.7", "proposer.grounding=5", "proposer.question_stop=true",
+            "evidence.support_head=true"],
+    "all+direct": ["proposer.temperature=0.7", "proposer.grounding=5", "proposer.question_stop=true",
+                   "evidence.support_head=true", "proposer.generation=direct"],
+}
+RANKER_ARMS: dict[str, list[str]] = {
+    "baseline": [],
+    "prime_tag": ["ranker.prime_tag=true"],
+    "no_reasoning": ["ranker.reasoning=false"],
+    "no_reasoning+prime_tag": ["ranker.reasoning=false", "ranker.prime_tag=true"],
+}
+STAGES = ("target_parsed", "target_valid", "path", "question_parsed", "accepted")
+
+
+def proposer_arm(actors: Any, cfg: Any, references: list[tuple[int, str]], seed: int) -> dict[str, Any]:
+    """One pass of the proposer's stages; acceptance by stage and rejected-group variance."""
+    actors.evidence.pipeline.cfg = cfg.evidence  # support_head is read per call
+    titles = grounding_titles(actors.retrieval, [q for _, q in references], cfg.proposer.grounding)
+    cands = propose_targets(actors.proposer, references, cfg.proposer, seed, titles)
+    check_targets(actors.evidence, cands)
+    attach_paths(actors.evidence, cands, seed, direct=cfg.proposer.generation == "direct")
+    propose_questions(actors.proposer, cands, cfg.proposer, seed + 1)
+    check_questions(actors.evidence, cands)
+    n = len(cands)
+    passed = Counter(c.stages_passed for c in cands)
+    share = {name: round(sum(v for k, v in passed.items() if k > i) / n, 4) for i, name in enumerate(STAGES)}
+    groups: dict[int, list[Candidate]] = {}
+    for c in cands:
+        groups.setdefault(c.ref_index, []).append(c)
+    rejected = [g for g in groups.values() if not any(c.accepted for c in g)]
+    graded = [{invalid_reward(cfg.proposer.invalid_penalty, c.stages_passed, True) for c in g} for g in rejected]
+    return {"candidates": n, **share, "reasons": dict(Counter(c.reason for c in cands).most_common()),
+            "rejected_groups": len(rejected), "rejected_groups_with_variance": sum(len(r) > 1 for r in graded),
+            "examples": [{"target": c.target, "question": c.question} for c in cands if c.accepted][:5],
+            "rejected_examples": _rejected_examples(cands)}
+
+
+def _rejected_examples(cands: list[Candidate], per_reason: int = 3) -> dict[str, list[str]]:
+    """A few rejected outputs per reason: the target (or the raw call-1 text when it did not parse)."""
+    out: dict[str, list[str]] = {}
+    for c in cands:
+        if not c.accepted and len(out.setdefault(c.reason, [])) < per_reason:
+            shown = c.question if c.stage == "question" and c.question else c.target
+            out[c.reason].append(shown if shown is not None else c.target_completion.text[:80])
+    return out
+
+
+def ranker_arm(actors: Any, cfg: Any, rows: list[dict]) -> dict[str, Any]:
+    """The search tool on each dev question as its own sub-query; ranker format and Hit@k."""
+    ranker = build_ranker(cfg.ranker, solver_policy=actors.solver, load_policy=lambda: actors.ranker)
+    tool = SearchTool(actors.retrieval, ranker, cfg.ranker)
+    reqs = [SearchRequest(r["question"], r["question"], list(r["answers"])) for r in rows]
+    calls = [res.call for res in tool.search(reqs)]
+    hits: dict[int, list[bool]] = {1: [], 3: []}
+    for call in calls:  # `relevant`: the search tool's own pseudo-relevance label per candidate
+        relevant = {pid for pid, rel in zip(call.candidate_ids, call.relevant) if rel}
+        if relevant:
+            for k in hits:
+                hits[k].append(any(pid in relevant for pid in call.chosen_ids[:k]))
+    return {"calls": len(calls), "format_valid": round(sum(c.format_ok for c in calls) / max(1, len(calls)), 4),
+            **{f"hit@{k}": (round(sum(v) / len(v), 4) if v else None) for k, v in hits.items()},
+            "with_answer_passage": len(hits[1])}
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    ap.add_argument("--questions", type=int, default=12)
+    ap.add_argument("--ranker-questions", type=int, default=16)
+    ap.add_argument("--seed", type=int, default=0)
+    ap.add_argument("--out", default=None)
+    ap.add_argument("--proposer-arms", nargs="*", default=list(PROPOSER_ARMS), choices=list(PROPOSER_ARMS))
+    ap.add_argument("--ranker-arms", nargs="*", default=list(RANKER_ARMS), choices=list(RANKER_ARMS))
+    ap.add_argument("overrides", nargs="*")
+    args = ap.parse_args()
+    t0 = time.perf_counter()
+    base = FROZEN + list(args.overrides)
+    cfg0 = to_object(compose(base))
+    actors = create_local_actors(cfg0, with_proposer=True)
+    refs = load_reference_questions(cfg0.run.reference_questions)[: args.questions]
+    references = list(enumerate(refs))
+    out: dict[str, Any] = {"questions": len(references), "ranker_questions": args.ranker_questions,
+                           "seed": args.seed, "base_overrides": base, "proposer": {}, "ranker": {}}
+    for arm in args.proposer_arms:
+        extra = PROPOSER_ARMS[arm]
+        cfg = to_object(compose(base + extra))
+        out["proposer"][arm] = {"overrides": extra, **proposer_arm(actors, cfg, references, args.seed)}
+        print(f"proposer {arm}: {json.dumps(out['proposer'][arm])[:300]}", file=sys.stderr, flush=True)
+    dev = Path(os.environ.get("COEVO_SHARED_DATA", _ROOT.parent / "shared" / "data")) / "benchmarks" / "dev.jsonl"
+    rows = read_jsonl(dev)[: args.ranker_questions]
+    for arm in args.ranker_arms:
+        extra = RANKER_ARMS[arm]
+        cfg = to_object(compose(base + extra))
+        out["ranker"][arm] = {"overrides": extra, **ranker_arm(actors, cfg, rows)}
+        print(f"ranker {arm}: {json.dumps(out['ranker'][arm])}", file=sys.stderr, flush=True)
+    out["wall_s"] = round(time.perf_counter() - t0, 1)
+    line = json.dumps(out)
+    if args.out:
+        atomic_write_text(args.out, line + "\n")
+    print(line)
+
+
+if __name__ == "__main__":
+    main()

@@ -324,18 +324,22 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
     args = parse_args(sys.argv[1:] if argv is None else argv)
     t0 = time.time()
     args.out.parent.mkdir(parents=True, exist_ok=True)
-    config = {k: v for k, v in vars(args).items() if k not in ("out", "png", "merge")}
-    config.update(command=" ".join(["python", "bench/memory.py", *(sys.argv[1:] if argv is None else argv)]),
-                  measure="rss: sum of VmRSS over the driver's process tree (shared pages counted per process); "
-                          "pss: sum of Pss (smaps_rollup); MB = MiB", cpus=os.cpu_count(),
-                  mem_total_mb=os.sysconf("SC_PHYS_PAGES") * os.sysconf("SC_PAGE_SIZE") // 2**20)
+    config: dict[str, Any] = {
+        "command": " ".join(["python", "bench/memory.py", *(sys.argv[1:] if argv is None else argv)]),
+        "measure": "rss: sum of VmRSS over the driver's process tree (shared pages counted per process); "
+                   "pss: sum of Pss (smaps_rollup); MB = MiB",
+        "cpus": os.cpu_count(), "mem_total_mb": os.sysconf("SC_PHYS_PAGES") * os.sysconf("SC_PAGE_SIZE") // 2**20}
     if args.merge:
         runs, timelines, configs = load_parts(args.merge)
-        config.update(merged={str(p): c for p, c in zip(args.merge, configs)})
+        config["merged"] = {str(p): c for p, c in zip(args.merge, configs)}
         result = write_report(runs, timelines, config, args.out, args.png, sum(r["wall_s"] for r in runs.values()))
         print(json.dumps(_finite(result), allow_nan=False))
         return 0
-    plan = plan_runs(args.engines, args.sizes, args.group_size, args.steps, args.size_steps, args.long_size)
+    config.update({k: v for k, v in vars(args).items() if k not in ("out", "png", "merge")})
+    try:
+        plan = plan_runs(args.engines, args.sizes, args.group_size, args.steps, args.size_steps, args.long_size)
+    except ValueError as e:
+        raise SystemExit(f"bench/memory.py: {e}") from e
     reaper = ensure_reaper()  # a killed benchmark takes its runs with it: they carry this reaper's token
     signal.signal(signal.SIGTERM, _stop)
     runs: dict[str, dict] = {}

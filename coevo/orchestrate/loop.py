@@ -13,6 +13,7 @@ from dataclasses import dataclass, field
 from typing import Any, Collection, Iterator, Mapping, Sequence
 
 from coevo.core.config import CoevoConfig
+from coevo.core.progress import stage as published_stage
 from coevo.core.types import SamplingParams, TrainSequence
 from coevo.orchestrate.records import candidate_record, step_metrics
 from proposer.pipeline import (
@@ -33,14 +34,15 @@ from solver.training import ranker_sequences, score_ranker, score_solver, solver
 
 @dataclass
 class StageTimer:
-    """Wall-clock seconds per stage of one step."""
+    """Wall-clock seconds per stage of one step (each stage also published for `COEVO_STAGE_FILE`)."""
 
     seconds: dict[str, float] = field(default_factory=dict)
 
     @contextmanager
     def __call__(self, stage: str) -> Iterator[None]:
         t0 = time.perf_counter()
-        yield
+        with published_stage(stage):  # bench/memory.py attributes memory samples to it (coevo/core/progress.py)
+            yield
         self.seconds[stage] = round(self.seconds.get(stage, 0.0) + time.perf_counter() - t0, 3)
 
 

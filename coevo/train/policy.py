@@ -24,6 +24,7 @@ import torch
 from coevo.core.config import PolicyConfig
 from coevo.core.grpo import clipped_surrogate_loss, k3_kl, masked_mean, sequence_token_logprobs
 from coevo.core.io import atomic_dir
+from coevo.core.progress import stage
 from coevo.core.types import Completion, Engine, SamplingParams, TrainSequence
 from coevo.train.allocator import pin_mmap_threshold
 from coevo.train.engines import build_engine
@@ -208,9 +209,14 @@ class Policy:
         if n_tokens == 0:
             return {"skipped": True, "n_seqs": len(batch), "n_tokens": 0}
         groups = self._micro_batches(batch)
-        logps = self._prepare(groups)
-        epochs = [self._epoch(groups, logps, n_tokens) for _ in range(max(1, int(self.cfg.ppo_epochs)))]
-        self.engine.sync_weights(self.model)
+        # Published stages (COEVO_STAGE_FILE): bench/memory.py measures each one's memory.
+        with stage(self.role):
+            with stage("logprobs"):
+                logps = self._prepare(groups)
+            with stage("backward"):  # forward + backward of every micro-batch, then the optimizer step
+                epochs = [self._epoch(groups, logps, n_tokens) for _ in range(max(1, int(self.cfg.ppo_epochs)))]
+            with stage("sync"):
+                self.engine.sync_weights(self.model)
         metrics = {k: sum(e[k] for e in epochs) / len(epochs) for k in epochs[0]}
         metrics.update(n_seqs=len(batch), n_tokens=n_tokens, time_s=time.perf_counter() - t0)
         return metrics

@@ -6,6 +6,7 @@ from types import SimpleNamespace
 import pytest
 
 from coevo.core.config import RankerConfig, SolverConfig, register_schema
+from coevo.core.progress import STAGE_FILE_ENV
 from coevo.orchestrate.loop import solve_tasks
 from coevo.orchestrate.solve import (
     SolveRootConfig,
@@ -159,3 +160,12 @@ def test_solve_config_mirrors_coevo_config():
     assert solve_dict == dict(coevo)
     cfg = to_solve_object(solve)
     assert cfg.solver.preset == "tiny-random" and cfg.solve.data.endswith("wiki_mini/questions_dev.jsonl")
+
+
+def test_solve_step_publishes_its_stages(trainable, overlap_retriever, tmp_path, monkeypatch):
+    path = tmp_path / "stages.jsonl"
+    monkeypatch.setenv(STAGE_FILE_ENV, str(path))
+    cfg = make_cfg()
+    solve_step(make_actors(cfg, trainable, overlap_retriever), TASKS, cfg, seed=0, train=True)
+    # the loop's StageTimer stages (the scripted policies publish none of their own)
+    assert [json.loads(line)["stage"] for line in path.read_text().splitlines()] == ["solve", "", "update", ""]

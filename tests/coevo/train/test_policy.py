@@ -2,6 +2,7 @@
 from __future__ import annotations
 
 import copy
+import json
 import platform
 import sys
 
@@ -10,6 +11,7 @@ import torch
 
 from coevo.core.config import PolicyConfig
 from coevo.core.grpo import k3_kl, sequence_token_logprobs
+from coevo.core.progress import STAGE_FILE_ENV
 from coevo.core.types import SamplingParams, TrainSequence
 from coevo.train.allocator import pin_mmap_threshold
 from coevo.train.engines import build_engine
@@ -167,6 +169,15 @@ def test_update_changes_weights_and_keeps_reference(tiny) -> None:
         assert key in metrics
     assert metrics["n_seqs"] == 4 and metrics["grad_norm"] > 0 and metrics["kl"] >= 0
     assert policy.update([TrainSequence([1, 2, 3], [0, 0, 0], 1.0)])["skipped"] is True
+
+
+def test_update_publishes_its_stages(tiny, tmp_path, monkeypatch) -> None:
+    model, tok = tiny
+    path = tmp_path / "stages.jsonl"
+    monkeypatch.setenv(STAGE_FILE_ENV, str(path))
+    Policy(_cfg(), model, tok, role="solver").update(_batch(tok))
+    stages = [json.loads(line)["stage"] for line in path.read_text().splitlines()]
+    assert stages == ["solver", "solver/logprobs", "solver", "solver/backward", "solver", "solver/sync", "solver", ""]
 
 
 def test_frozen_policy_never_changes(tiny) -> None:

@@ -39,7 +39,7 @@ private heap only). `pss` (sum of Pss from smaps_rollup: shared pages split betw
 no double counting) costs ~60 ms per GB of tree, so it is read every `--pss-interval` s and at
 step ends only. `shm`: growth of /dev/shm since the run started (vLLM's weight-sync staging
 lives there and in no process's RSS). Stages come from the run itself: `COEVO_STAGE_FILE`
-(coevo/core/progress.py) makes the driver append each stage transition, with its time, to a
+(coevo/core/stages.py) makes the driver append each stage transition, with its time, to a
 file; a sample belongs to the stage open at its time: `load` (before the first stage),
 `rollout` (solve), `update` (the whole update stage, every policy), inside it `logprobs` (old
 and reference log-probs), `backward` (forward + backward + optimizer step) and `sync` (weight
@@ -83,7 +83,7 @@ from memory_trace import Trace, end_tree, stage_keys, summarize, watch  # noqa: 
 
 from coevo.core.io import atomic_write_text  # noqa: E402
 from coevo.core.lifetime import ensure_reaper  # noqa: E402
-from coevo.core.progress import STAGE_FILE_ENV  # noqa: E402
+from coevo.core.stages import STAGE_FILE_ENV  # noqa: E402
 
 STAGE_COLORS = {"load": "#bbbbbb", "rollout": "#9ecae1", "update": "#fcbba1", "logprobs": "#fdae6b",
                 "backward": "#fb6a4a", "sync": "#bcbddc"}

@@ -1,7 +1,7 @@
 """bench/memory.py's sampler: the memory of a process tree from /proc, attributed to the run's stages.
 
 A run started with `COEVO_STAGE_FILE` appends its stage transitions to that file
-(coevo/core/progress.py); `watch` samples the driver's whole tree while it runs (at a fixed
+(coevo/core/stages.py); `watch` samples the driver's whole tree while it runs (at a fixed
 interval and at once on each transition or step end) and `summarize` turns the samples into
 peaks per stage and per step. `end_tree` makes sure nothing of the run outlives it. The
 measures are described in bench/memory.py.

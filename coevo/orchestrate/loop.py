@@ -13,7 +13,7 @@ from dataclasses import dataclass, field
 from typing import Any, Collection, Iterator, Mapping, Sequence
 
 from coevo.core.config import CoevoConfig
-from coevo.core.progress import stage as published_stage
+from coevo.core.stages import stage as published_stage
 from coevo.core.types import SamplingParams, TrainSequence
 from coevo.orchestrate.records import candidate_record, step_metrics
 from proposer.pipeline import (
@@ -41,7 +41,7 @@ class StageTimer:
     @contextmanager
     def __call__(self, stage: str) -> Iterator[None]:
         t0 = time.perf_counter()
-        with published_stage(stage):  # bench/memory.py attributes memory samples to it (coevo/core/progress.py)
+        with published_stage(stage):  # bench/memory.py attributes memory samples to it (coevo/core/stages.py)
             yield
         self.seconds[stage] = round(self.seconds.get(stage, 0.0) + time.perf_counter() - t0, 3)
 

@@ -24,7 +24,7 @@ import torch
 from coevo.core.config import PolicyConfig
 from coevo.core.grpo import clipped_surrogate_loss, k3_kl, masked_mean, sequence_token_logprobs
 from coevo.core.io import atomic_dir
-from coevo.core.progress import stage
+from coevo.core.stages import stage
 from coevo.core.types import Completion, Engine, SamplingParams, TrainSequence
 from coevo.train.allocator import pin_mmap_threshold
 from coevo.train.engines import build_engine

@@ -6,7 +6,7 @@ from types import SimpleNamespace
 import pytest
 
 from coevo.core.config import RankerConfig, SolverConfig, register_schema
-from coevo.core.progress import STAGE_FILE_ENV
+from coevo.core.stages import STAGE_FILE_ENV
 from coevo.orchestrate.loop import solve_tasks
 from coevo.orchestrate.solve import (
     SolveRootConfig,

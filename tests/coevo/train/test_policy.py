@@ -11,7 +11,7 @@ import torch
 
 from coevo.core.config import PolicyConfig
 from coevo.core.grpo import k3_kl, sequence_token_logprobs
-from coevo.core.progress import STAGE_FILE_ENV
+from coevo.core.stages import STAGE_FILE_ENV
 from coevo.core.types import SamplingParams, TrainSequence
 from coevo.train.allocator import pin_mmap_threshold
 from coevo.train.engines import build_engine

@@ -1,9 +1,9 @@
-"""coevo/core/progress.py: stage transitions appended to COEVO_STAGE_FILE, nothing without it."""
+"""coevo/core/stages.py: stage transitions appended to COEVO_STAGE_FILE, nothing without it."""
 import json
 
 import pytest
 
-from coevo.core.progress import STAGE_FILE_ENV, stage
+from coevo.core.stages import STAGE_FILE_ENV, stage
 
 
 def _stages(path) -> list[str]:  # noqa: ANN001

@@ -193,7 +193,8 @@ def build_entity_index(corpus: Corpus, spacy_model: Optional[str] = None, cache_
         _write(tmp, arrays, vocab, labels, meta)
         built.append(EntityIndex(corpus, arrays, vocab, labels, meta))
 
-    cache_entry(path, build, f"the entity annotations of corpus {corpus.name!r} ({len(corpus)} passages)")
+    cache_entry(path, build, f"the entity annotations of corpus {corpus.name!r} ({len(corpus)} passages)",
+                legacy_files=("meta.json", "vocab.json", "arrays.npz"))
     index = built[0] if built else _load(path, corpus)
     index.from_cache = not built
     index.path = path

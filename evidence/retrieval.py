@@ -100,7 +100,8 @@ class BM25sRetriever:
             model.save(str(tmp), show_progress=False)
             built.append(model)
 
-        self.from_cache = not cache_entry(path, build, f"the bm25s index of corpus {corpus.name!r}")
+        self.from_cache = not cache_entry(path, build, f"the bm25s index of corpus {corpus.name!r}",
+                                          legacy_files=("params.index.json",))
         self.model = built[0] if built else bm25s.BM25.load(str(path), show_progress=False)
         self.build_s = time.perf_counter() - t0
         self._vocab = self.model.vocab_dict
@@ -178,7 +179,8 @@ class DenseMiniLMRetriever:
             (tmp / "meta.json").write_text(json.dumps({"n": len(corpus), "model": "all-MiniLM-L6-v2"}))
             built.append(embeddings)
 
-        self.from_cache = not cache_entry(path, build, f"the dense_minilm index of corpus {corpus.name!r}")
+        self.from_cache = not cache_entry(path, build, f"the dense_minilm index of corpus {corpus.name!r}",
+                                          legacy_files=("embeddings.npy",))
         self.embeddings = built[0] if built else np.load(path / "embeddings.npy")
         self.build_s = time.perf_counter() - t0
 

@@ -9,7 +9,10 @@ byte-range locks):
 - An entry appears by one rename(2) of a fully written, fsynced temp dir onto a name that
   does not exist at that moment. rename is atomic, so a reader finds no entry or a whole one.
 - Readers trust an entry only when it holds `MARKER`, written last inside the temp dir: a
-  directory without it (an older coevo's, a partial copy by hand) is rebuilt, not read.
+  directory without it (a partial copy by hand, say) is rebuilt, not read. The one exception
+  is an entry of a coevo from before markers, recognised by the files it decided by
+  (`legacy_files`): that coevo also renamed whole directories into place, so it is adopted
+  (the marker is added, atomically, under the lock) instead of rebuilt for minutes.
 - coevo never modifies, replaces or removes a complete entry, so a reader that found the
   marker reads the files without any lock and they cannot change under it.
 - Builders take an exclusive `flock` on `.<name>.lock` beside the entry; the kernel releases
@@ -31,9 +34,9 @@ import sys
 import time
 from contextlib import contextmanager
 from pathlib import Path
-from typing import Callable, Iterator
+from typing import Callable, Iterator, Sequence
 
-from coevo.core.io import is_sibling_of, unique_sibling
+from coevo.core.io import atomic_write_text, is_sibling_of, unique_sibling
 
 MARKER = ".complete"
 
@@ -51,7 +54,11 @@ def lock_path(entry: Path) -> Path:
 def entry_lock(entry: Path, what: str) -> Iterator[None]:
     """Hold the entry's exclusive lock; when another process holds it, say so once and wait."""
     entry.parent.mkdir(parents=True, exist_ok=True)
-    fd = os.open(lock_path(entry), os.O_RDWR | os.O_CREAT, 0o666)
+    writable = True
+    try:
+        fd = os.open(lock_path(entry), os.O_RDWR | os.O_CREAT, 0o666)
+    except PermissionError:  # another user's lock file in a shared cache: flock needs no write access
+        fd, writable = os.open(lock_path(entry), os.O_RDONLY), False
     try:
         try:
             fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
@@ -60,8 +67,9 @@ def entry_lock(entry: Path, what: str) -> Iterator[None]:
             print(f"coevo: waiting for {holder}, which is building {what} in {entry}", file=sys.stderr, flush=True)
             fcntl.flock(fd, fcntl.LOCK_EX)
         # Who holds it, for the message above (read by waiters; the lock is the flock, not this).
-        os.ftruncate(fd, 0)
-        os.pwrite(fd, f"pid {os.getpid()} on {socket.gethostname()}\n".encode(), 0)
+        if writable:
+            os.ftruncate(fd, 0)
+            os.pwrite(fd, f"pid {os.getpid()} on {socket.gethostname()}\n".encode(), 0)
         yield
     finally:
         os.close(fd)  # closing the descriptor releases the flock
@@ -93,8 +101,7 @@ def _remove_leftovers(entry: Path) -> None:
 def _install(tmp: Path, entry: Path) -> None:
     """Rename the finished `tmp` to `entry` (lock held); an incomplete `entry` goes first."""
     if entry.exists() or entry.is_symlink():
-        print(f"coevo: cache entry {entry} is incomplete (no {MARKER}: cut short, or written by an "
-              "older coevo); replacing it", file=sys.stderr, flush=True)
+        print(f"coevo: cache entry {entry} is incomplete (no {MARKER}); replacing it", file=sys.stderr, flush=True)
         aside = unique_sibling(entry)
         os.rename(entry, aside)
         os.rename(tmp, entry)
@@ -108,18 +115,27 @@ def _install(tmp: Path, entry: Path) -> None:
         os.close(fd)
 
 
-def cache_entry(entry: str | os.PathLike, build: Callable[[Path], None], what: str) -> bool:
+def _marker_text(what: str, **extra: object) -> str:
+    return json.dumps({"what": what, "built_by": f"pid {os.getpid()} on {socket.gethostname()}", **extra}) + "\n"
+
+
+def cache_entry(entry: str | os.PathLike, build: Callable[[Path], None], what: str,
+                legacy_files: Sequence[str] = ()) -> bool:
     """Make `entry` a complete cache entry; True when this call built it, False when it was there.
 
     `build(tmp)` writes the entry's files into the fresh directory `tmp`; if it raises, `tmp`
     is removed and the error propagates (the next caller tries again). A second caller
     arriving while the first builds waits for it (saying so once) and then uses its entry.
+    `legacy_files`: the files whose presence made an entry complete before markers existed.
     """
     entry = Path(entry)
     if is_complete(entry):
         return False
     with entry_lock(entry, what):
         if is_complete(entry):
+            return False
+        if legacy_files and all((entry / f).is_file() for f in legacy_files):
+            atomic_write_text(entry / MARKER, _marker_text(what, adopted=True))
             return False
         _remove_leftovers(entry)
         tmp = unique_sibling(entry)
@@ -128,9 +144,8 @@ def cache_entry(entry: str | os.PathLike, build: Callable[[Path], None], what: s
         try:
             t0 = time.perf_counter()
             build(tmp)
-            meta = {"what": what, "built_by": f"pid {os.getpid()} on {socket.gethostname()}",
-                    "build_s": round(time.perf_counter() - t0, 3)}
-            (tmp / MARKER).write_text(json.dumps(meta) + "\n", encoding="utf-8")
+            (tmp / MARKER).write_text(_marker_text(what, build_s=round(time.perf_counter() - t0, 3)),
+                                      encoding="utf-8")
             _fsync_tree(tmp)
             _install(tmp, entry)
         finally:

@@ -47,7 +47,7 @@ class Progress:
         self.bar = tqdm(total=self.total, desc=what, unit=unit, file=self.stream, disable=None,
                         dynamic_ncols=True, mininterval=0.5)
         # Log lines printed while the bar is drawn go above it, not into it.
-        self._redirect = logging_redirect_tqdm() if not self.bar.disable else nullcontext()
+        self._redirect: Optional[Any] = logging_redirect_tqdm() if not self.bar.disable else nullcontext()
         self._redirect.__enter__()
         self._line(f"{what}: started, {self.total} {unit}")
 
@@ -74,8 +74,11 @@ class Progress:
             self._line(self.line_for(self.done, time.perf_counter() - self._t0))
 
     def close(self) -> None:
-        self.bar.close()
-        self._redirect.__exit__(None, None, None)
+        """Close the bar (and stop redirecting log lines); a second call does nothing."""
+        if self._redirect is not None:
+            self.bar.close()
+            self._redirect.__exit__(None, None, None)
+            self._redirect = None
 
     def __enter__(self) -> "Progress":
         return self

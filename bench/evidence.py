@@ -32,6 +32,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
 import networkx as nx  # noqa: E402
 
+from coevo.core.inputs import load_labelled_questions  # noqa: E402
 from coevo.core.io import read_jsonl  # noqa: E402
 from coevo.core.types import EvidencePath  # noqa: E402
 from evidence.corpus import Corpus, load_corpus, shared_data_dir  # noqa: E402
@@ -49,7 +50,8 @@ def log(*parts: object) -> None:
 
 def dev_questions() -> list[dict]:
     path = shared_data_dir() / "wiki_mini" / "questions_dev.jsonl"
-    return read_jsonl(path)
+    load_labelled_questions(path)  # validates every record first (errors name file and line)
+    return read_jsonl(path)  # the raw records: this benchmark also reads MuSiQue's `hops` key
 
 
 def pick_targets(corpus: Corpus, n: int, answers: list[str]) -> list[str]:

@@ -15,7 +15,7 @@ from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
-from coevo.core.io import read_jsonl  # noqa: E402
+from coevo.core.inputs import LabelledQuestion, load_labelled_questions  # noqa: E402
 from coevo.core.stats import mean  # noqa: E402
 from evidence.corpus import load_corpus, shared_data_dir  # noqa: E402
 from evidence.retrieval import Hit, Retriever, build_retriever  # noqa: E402
@@ -23,13 +23,13 @@ from evidence.retrieval import Hit, Retriever, build_retriever  # noqa: E402
 KS = (1, 5, 10, 50)
 
 
-def load_dev_questions(limit: int | None) -> list[dict]:
-    path = shared_data_dir() / "wiki_mini" / "questions_dev.jsonl"
-    rows = read_jsonl(path)
-    return rows[:limit] if limit else rows
+def load_dev_questions(limit: int | None) -> list[LabelledQuestion]:
+    questions, _ = load_labelled_questions(shared_data_dir() / "wiki_mini" / "questions_dev.jsonl")
+    return questions[:limit] if limit else questions
 
 
-def recall_at_k(results: list[list[Hit]], questions: list[dict], any_gold: bool = False) -> dict[str, float | None]:
+def recall_at_k(results: list[list[Hit]], questions: list[LabelledQuestion],
+                any_gold: bool = False) -> dict[str, float | None]:
     """Share of a question's gold passages in the top k, averaged over questions.
 
     With `any_gold`, the share of questions with at least one gold passage in the top k
@@ -40,9 +40,9 @@ def recall_at_k(results: list[list[Hit]], questions: list[dict], any_gold: bool 
     for k in KS:
         per_q = []
         for hits, g in zip(results, questions):
-            if g.get("gold_ids"):
-                found = len(set(g["gold_ids"]) & {h.passage_id for h in hits[:k]})
-                per_q.append(float(found > 0) if any_gold else found / len(g["gold_ids"]))
+            if g.gold_ids:
+                found = len(set(g.gold_ids) & {h.passage_id for h in hits[:k]})
+                per_q.append(float(found > 0) if any_gold else found / len(g.gold_ids))
         m = mean(per_q)
         out[str(k)] = None if m is None else round(m, 4)
     return out
@@ -62,7 +62,7 @@ def main() -> None:
     args = ap.parse_args()
     corpus = load_corpus("wiki_mini")
     questions = load_dev_questions(args.limit)
-    queries = [q["question"] for q in questions]
+    queries = [q.question for q in questions]
     cache = tempfile.mkdtemp(prefix="coevo-bench-") if args.fresh else args.cache
     report = {"qps": {}, "build_s": {}, "recall": {}, "hit": {}, "from_cache": {},
               "n_queries": len(queries), "n_passages": len(corpus)}

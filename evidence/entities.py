@@ -18,7 +18,8 @@ from typing import Any, Optional
 
 import numpy as np
 
-from coevo.core.io import atomic_dir, cache_root
+from coevo.core.cache import cache_entry
+from coevo.core.io import cache_root
 from evidence import spacy_ner
 from evidence.corpus import Corpus
 from evidence.mentions import (
@@ -31,9 +32,7 @@ from evidence.mentions import (
     title_key,
 )
 
-_CACHE_FILES = ("meta.json", "vocab.json", "arrays.npz")
 MEMO_PASSAGES = 50_000  # decoded passage annotations kept in memory
-
 
 
 class EntityIndex:
@@ -152,26 +151,27 @@ def _cache_dir(corpus: Corpus, model: str, version: str, cache_dir: Optional[str
     return root / f"{safe_model}-{version}-{ANNOTATOR_VERSION}-{corpus.content_hash[:16]}"
 
 
-def _load(path: Path, corpus: Corpus) -> Optional[EntityIndex]:
-    if not all((path / f).exists() for f in _CACHE_FILES):
-        return None
+def _load(path: Path, corpus: Corpus) -> EntityIndex:
+    """The index in the complete cache entry `path` (checked by `cache_entry`)."""
     meta = json.loads((path / "meta.json").read_text(encoding="utf-8"))
     if meta.get("corpus_hash") != corpus.content_hash:
-        return None
+        # The entry name holds 16 hex digits of the hash; the full one differs only by a collision
+        # or a hand edit, and a complete entry is never rebuilt in place (readers may be using it).
+        raise RuntimeError(f"entity cache entry {path} was built for another corpus ({meta.get('corpus')!r}); "
+                           "delete it to rebuild")
     strings = json.loads((path / "vocab.json").read_text(encoding="utf-8"))
     with np.load(path / "arrays.npz", allow_pickle=False) as z:
         arrays = {k: z[k] for k in z.files}
     return EntityIndex(corpus, arrays, strings["vocab"], strings["labels"], meta)
 
 
-def _save(path: Path, arrays: dict[str, np.ndarray], vocab: list[str], labels: list[str],
-          meta: dict[str, Any]) -> None:
-    with atomic_dir(path) as tmp:
-        # Uncompressed npz: loading is a memcpy; compression would cost more than it saves here.
-        np.savez(tmp / "arrays.npz", **arrays)
-        (tmp / "vocab.json").write_text(json.dumps({"vocab": vocab, "labels": labels}, ensure_ascii=False),
-                                        encoding="utf-8")
-        (tmp / "meta.json").write_text(json.dumps(meta, indent=1), encoding="utf-8")
+def _write(directory: Path, arrays: dict[str, np.ndarray], vocab: list[str], labels: list[str],
+           meta: dict[str, Any]) -> None:
+    # Uncompressed npz: loading is a memcpy; compression would cost more than it saves here.
+    np.savez(directory / "arrays.npz", **arrays)
+    (directory / "vocab.json").write_text(json.dumps({"vocab": vocab, "labels": labels}, ensure_ascii=False),
+                                          encoding="utf-8")
+    (directory / "meta.json").write_text(json.dumps(meta, indent=1), encoding="utf-8")
 
 
 def build_entity_index(corpus: Corpus, spacy_model: Optional[str] = None, cache_dir: Optional[str] = None,
@@ -180,19 +180,23 @@ def build_entity_index(corpus: Corpus, spacy_model: Optional[str] = None, cache_
 
     `cache_dir` replaces the cache root (default `$COEVO_CACHE/entities`); `n_process`
     defaults to `spacy_ner.default_processes` (1 on machines with fewer than 4 cores).
+    Parallel callers share one build (`coevo.core.cache`); the build shows its progress.
     """
-
     model = spacy_model or DEFAULT_SPACY_MODEL
     t0 = time.perf_counter()
     path = _cache_dir(corpus, model, spacy_ner.model_version(model), cache_dir)
-    index = _load(path, corpus)
-    if index is None:
+    built: list[EntityIndex] = []
+
+    def build(tmp: Path) -> None:
         arrays, vocab, labels, meta = spacy_ner.annotate_corpus(corpus, model, n_process=n_process,
                                                                 batch_size=batch_size)
-        _save(path, arrays, vocab, labels, meta)
-        index = EntityIndex(corpus, arrays, vocab, labels, meta)
-    else:
-        index.from_cache = True
+        _write(tmp, arrays, vocab, labels, meta)
+        built.append(EntityIndex(corpus, arrays, vocab, labels, meta))
+
+    cache_entry(path, build, f"the entity annotations of corpus {corpus.name!r} ({len(corpus)} passages)",
+                legacy_files=("meta.json", "vocab.json", "arrays.npz"))
+    index = built[0] if built else _load(path, corpus)
+    index.from_cache = not built
     index.path = path
     index.build_s = time.perf_counter() - t0
     return index

@@ -17,7 +17,9 @@ from typing import Optional, Protocol
 
 import numpy as np
 
-from coevo.core.io import atomic_dir, cache_root, package_path
+from coevo.core.cache import cache_entry
+from coevo.core.io import cache_root, package_path
+from coevo.core.progress import Progress, track
 from evidence.corpus import Corpus
 from evidence.mentions import stopwords
 
@@ -63,6 +65,11 @@ def _index_dir(corpus: Corpus, backend: str, cache_dir: Optional[str]) -> Path:
     return root / f"{backend}-{TOKENIZER_VERSION}-{corpus.content_hash[:16]}"
 
 
+def _tokenized(corpus: Corpus, what: str) -> list[list[str]]:
+    """`tokenize` of every passage's title and text, with progress (the slow part of a BM25 build)."""
+    return list(track((tokenize(f"{p.title} {p.text}") for p in corpus), what, len(corpus), "passages"))
+
+
 def _top_hits(corpus: Corpus, scores: np.ndarray, k: int) -> list[Hit]:
     """Best-first hits with positive score; ties broken by corpus order (stable)."""
     k = min(k, len(scores))
@@ -85,14 +92,17 @@ class BM25sRetriever:
         self.corpus = corpus
         t0 = time.perf_counter()
         path = _index_dir(corpus, self.backend, cache_dir)
-        self.from_cache = (path / "params.index.json").exists()
-        if self.from_cache:
-            self.model = bm25s.BM25.load(str(path), show_progress=False)
-        else:
-            self.model = bm25s.BM25(k1=1.5, b=0.75, method="lucene")
-            self.model.index([tokenize(f"{p.title} {p.text}") for p in corpus], show_progress=False)
-            with atomic_dir(path) as tmp:
-                self.model.save(str(tmp), show_progress=False)
+        built: list = []
+
+        def build(tmp: Path) -> None:
+            model = bm25s.BM25(k1=1.5, b=0.75, method="lucene")
+            model.index(_tokenized(corpus, f"bm25s index of corpus {corpus.name!r}"), show_progress=False)
+            model.save(str(tmp), show_progress=False)
+            built.append(model)
+
+        self.from_cache = not cache_entry(path, build, f"the bm25s index of corpus {corpus.name!r}",
+                                          legacy_files=("params.index.json",))
+        self.model = built[0] if built else bm25s.BM25.load(str(path), show_progress=False)
         self.build_s = time.perf_counter() - t0
         self._vocab = self.model.vocab_dict
 
@@ -161,17 +171,31 @@ class DenseMiniLMRetriever:
         t0 = time.perf_counter()
         self.encoder = SentenceTransformer(str(minilm_path()), device="cpu")
         path = _index_dir(corpus, self.backend, cache_dir)
-        self.from_cache = (path / "embeddings.npy").exists()
-        if self.from_cache:
-            self.embeddings = np.load(path / "embeddings.npy")
-        else:
-            texts = [f"{p.title}. {p.text}" for p in corpus]
-            self.embeddings = self.encoder.encode(texts, batch_size=batch_size, normalize_embeddings=True,
-                                                  convert_to_numpy=True, show_progress_bar=False).astype(np.float32)
-            with atomic_dir(path) as tmp:
-                np.save(tmp / "embeddings.npy", self.embeddings)
-                (tmp / "meta.json").write_text(json.dumps({"n": len(corpus), "model": "all-MiniLM-L6-v2"}))
+        built: list[np.ndarray] = []
+
+        def build(tmp: Path) -> None:
+            embeddings = self._encode(corpus, batch_size)
+            np.save(tmp / "embeddings.npy", embeddings)
+            (tmp / "meta.json").write_text(json.dumps({"n": len(corpus), "model": "all-MiniLM-L6-v2"}))
+            built.append(embeddings)
+
+        self.from_cache = not cache_entry(path, build, f"the dense_minilm index of corpus {corpus.name!r}",
+                                          legacy_files=("embeddings.npy",))
+        self.embeddings = built[0] if built else np.load(path / "embeddings.npy")
         self.build_s = time.perf_counter() - t0
+
+    def _encode(self, corpus: Corpus, batch_size: int) -> np.ndarray:
+        """Normalized passage embeddings, encoded in chunks so that progress can be shown."""
+        texts = [f"{p.title}. {p.text}" for p in corpus]
+        chunk = batch_size * 8  # big enough to keep encode's length sorting useful
+        parts = []
+        with Progress(f"dense_minilm encoding of corpus {corpus.name!r}", len(texts), "passages") as progress:
+            for start in range(0, len(texts), chunk):
+                parts.append(self.encoder.encode(texts[start:start + chunk], batch_size=batch_size,
+                                                 normalize_embeddings=True, convert_to_numpy=True,
+                                                 show_progress_bar=False).astype(np.float32))
+                progress.update(len(parts[-1]))
+        return np.concatenate(parts)
 
     def search(self, queries: list[str], k: int) -> list[list[Hit]]:
         live = [i for i, q in enumerate(queries) if isinstance(q, str) and q.strip()]
@@ -190,6 +214,8 @@ class DenseMiniLMRetriever:
 
 def build_retriever(corpus: Corpus, backend: str = "bm25s", cache_dir: Optional[str] = None) -> Retriever:
     """Build (or load from cache) a retriever over `corpus` with the named backend."""
+    if not len(corpus):
+        raise ValueError(f"corpus {corpus.name!r} ({corpus.source or 'built in code'}) holds no passages to index")
     if backend == "bm25s":
         return BM25sRetriever(corpus, cache_dir)
     if backend == "rank_bm25":

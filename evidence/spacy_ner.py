@@ -22,7 +22,8 @@ from typing import Any, Iterable, Optional
 
 import numpy as np
 
-from evidence.corpus import Corpus
+from coevo.core.progress import track
+from evidence.corpus import MAX_PASSAGE_CHARS, Corpus
 from evidence.mentions import (
     ALLOWED_LABELS,
     ANNOTATOR_VERSION,
@@ -50,7 +51,9 @@ LEADING_NOISE = frozenset({"the", "a", "an", "in", "on", "at", "for", "from", "b
 FOLDABLE_SHORT = frozenset({"PERSON", "NP"})
 # Labels whose fuller forms of a multi-word title fold into it (leads spell out middle names).
 FOLD_FULL_FORMS = frozenset({"PERSON", "NP", "ORG"})
-MAX_CHARS = 100_000  # longer passages are annotated on their first MAX_CHARS characters
+# Loaded corpora are already cut to this (counted, see evidence.corpus); the slice guards
+# corpora built in code.
+MAX_CHARS = MAX_PASSAGE_CHARS
 # A DATE is a node only when it names a point in time (year, decade, day, month), not a duration.
 _DATE_OK = re.compile(r"\b\d{3,4}s?\b|\b\d{1,2}(?:st|nd|rd|th)\b|\b(?:jan|feb|mar|apr|may|jun|jul|aug|sep|oct|nov|dec)"
                       r"[a-z]*\b", re.IGNORECASE)
@@ -291,6 +294,7 @@ def annotate_corpus(corpus: Corpus, model_name: str, n_process: Optional[int] = 
     texts = (p.text[:MAX_CHARS] for p in corpus)
     docs = nlp.pipe(texts, batch_size=batch_size, n_process=n_process)
     records = ((title_key(p.title), extract_passage(doc, p.title)) for p, doc in zip(corpus, docs))
+    records = track(records, f"entity annotation of corpus {corpus.name!r}", len(corpus), "passages")
     arrays, vocab, labels = _pack(records, len(corpus))
     meta = {"spacy_model": model_name, "spacy_version": model_version(model_name),
             "annotator": ANNOTATOR_VERSION, "corpus_hash": corpus.content_hash, "corpus": corpus.name,

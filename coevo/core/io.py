@@ -4,6 +4,9 @@ Nothing already written is ever left half-written; readers name file and line on
 """
 from __future__ import annotations
 
+import ctypes
+import errno
+import functools
 import gzip
 import importlib.util
 import json
@@ -11,6 +14,7 @@ import os
 import re
 import shutil
 import tempfile
+import uuid
 from contextlib import contextmanager
 from pathlib import Path
 from typing import Any, Callable, Iterable, Iterator, Optional
@@ -52,28 +56,101 @@ def append_jsonl(path: str | os.PathLike, record: Any) -> None:
         os.fsync(f.fileno())
 
 
+_RENAME_EXCHANGE = 2  # linux/fs.h
+_AT_FDCWD = -100
+
+
+@functools.lru_cache(maxsize=1)
+def _libc() -> ctypes.CDLL:
+    return ctypes.CDLL(None, use_errno=True)
+
+
+def _exchange(a: Path, b: Path) -> None:
+    """Swap two existing paths in one step (`renameat2(RENAME_EXCHANGE)`, Linux >= 3.15).
+
+    Raises OSError: ENOENT when either is missing, EINVAL/ENOSYS where the filesystem or
+    kernel cannot exchange.
+    """
+    if _libc().renameat2(_AT_FDCWD, os.fsencode(a), _AT_FDCWD, os.fsencode(b), _RENAME_EXCHANGE) != 0:
+        err = ctypes.get_errno()
+        raise OSError(err, os.strerror(err), str(a), None, str(b))
+
+
+def unique_sibling(target: Path, tag: str = "tmp") -> Path:
+    """A fresh name `.<tag>-<target name>-<32 hex>` beside `target` (not created).
+
+    One pattern for every temp dir of a target, so cleanup code can recognise exactly its own
+    leftovers (`is_sibling_of`) without touching a longer name's (`.tmp-a-b-...` is not `a`'s).
+    """
+    return target.with_name(f".{tag}-{target.name}-{uuid.uuid4().hex}")
+
+
+def is_sibling_of(name: str, target: Path, tag: str = "tmp") -> bool:
+    """Whether `name` was made by `unique_sibling(target, tag)`."""
+    prefix = f".{tag}-{target.name}-"
+    return name.startswith(prefix) and re.fullmatch(r"[0-9a-f]{32}", name[len(prefix):]) is not None
+
+
+def _put_in_place(tmp: Path, target: Path) -> None:
+    """Make `tmp` the content of `target` so that a reader never finds `target` missing.
+
+    Any number of processes may do this to one target at once: each step below is atomic
+    and a failed one (a racing writer changed the target between our check and our call)
+    is simply retried. The swapped-out old version ends up in `tmp`, which the caller removes.
+    """
+    while True:
+        try:
+            os.rename(tmp, target)  # atomic; fails when `target` is a non-empty dir
+            return
+        except OSError as e:
+            if e.errno not in (errno.ENOTEMPTY, errno.EEXIST):
+                raise
+        try:
+            _exchange(tmp, target)
+            return
+        except FileNotFoundError:
+            continue  # removed between the two calls: rename again
+        except OSError as e:
+            if e.errno not in (errno.EINVAL, errno.ENOSYS):
+                raise
+        # Filesystems without RENAME_EXCHANGE (some network ones): move the old version aside
+        # first. Readers can then miss `target` for the moment between the two renames;
+        # caches do not rely on this path (see coevo.core.cache), checkpoints have one writer.
+        aside = unique_sibling(target)
+        try:
+            os.rename(target, aside)
+        except FileNotFoundError:
+            continue
+        try:
+            os.rename(tmp, target)
+        except OSError as e:
+            if e.errno not in (errno.ENOTEMPTY, errno.EEXIST):
+                os.rename(aside, target)
+                raise
+            shutil.rmtree(aside, ignore_errors=True)  # another writer's version went in first
+            continue
+        shutil.rmtree(aside, ignore_errors=True)
+        return
+
+
 @contextmanager
 def atomic_dir(target: str | os.PathLike) -> Iterator[Path]:
-    """Yield a temp dir beside `target`; on success it replaces `target` in one rename.
+    """Yield a fresh temp dir beside `target`; on success it replaces `target` atomically.
 
-    A crash inside the block leaves only a `.tmp-*` sibling that readers ignore.
+    A reader sees the old or the new `target`, never none (see `_put_in_place`), and
+    concurrent writers of one target each succeed (the last one wins). A crash inside the
+    block leaves only a `.tmp-<name>-<hex>` sibling, which readers ignore.
     """
     target = Path(target)
     target.parent.mkdir(parents=True, exist_ok=True)
-    tmp = Path(tempfile.mkdtemp(prefix=f".tmp-{target.name}-", dir=target.parent))
-    os.chmod(tmp, 0o755)  # mkdtemp makes it private; caches and checkpoints are meant to be shared
+    tmp = unique_sibling(target)
+    os.mkdir(tmp)
+    os.chmod(tmp, 0o755)  # whatever the umask: caches and checkpoints are meant to be shared
     try:
         yield tmp
-        if target.exists():
-            old = target.with_name(f".old-{target.name}-{os.getpid()}")
-            os.replace(target, old)
-            os.replace(tmp, target)
-            shutil.rmtree(old, ignore_errors=True)
-        else:
-            os.replace(tmp, target)
-    except BaseException:
+        _put_in_place(tmp, target)
+    finally:
         shutil.rmtree(tmp, ignore_errors=True)
-        raise
 
 
 # ---- JSONL --------------------------------------------------------------------------------

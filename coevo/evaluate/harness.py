@@ -39,7 +39,8 @@ from typing import Any, Optional, Sequence, Union, get_args, get_origin, get_typ
 from omegaconf import DictConfig
 
 from coevo.core.config import CONFIG_DIR, EvalRootConfig, compose, to_object
-from coevo.core.io import atomic_write_text, iter_jsonl
+from coevo.core.inputs import LabelledQuestion, load_labelled_questions
+from coevo.core.io import atomic_write_text
 from coevo.core.types import SamplingParams
 from coevo.evaluate.metrics import (
     aggregate,
@@ -133,44 +134,24 @@ class EvalQuestion:
     dataset: str
 
 
-def _question_from_record(rec: Any, where: str, default_dataset: str) -> EvalQuestion:
-    if not isinstance(rec, dict):
-        raise ValueError(f"{where}: expected a JSON object")
-    question, answers = rec.get("question"), rec.get("answers", rec.get("answer"))
-    answers = [answers] if isinstance(answers, str) else answers
-    if not isinstance(question, str) or not question.strip():
-        raise ValueError(f"{where}: 'question' must be a non-empty string")
-    if not isinstance(answers, list) or not answers or not all(isinstance(a, str) for a in answers):
-        raise ValueError(f"{where}: 'answers' must be a non-empty list of strings")
-    gold_ids = rec.get("gold_ids") or []
-    if not isinstance(gold_ids, list):
-        raise ValueError(f"{where}: 'gold_ids' must be a list of passage ids")
-    dataset = str(rec.get("dataset") or default_dataset)
-    qid = str(rec.get("id") or f"{dataset}-{where.rsplit(':', 1)[1]}")
-    return EvalQuestion(Task(qid, question, list(answers), [str(g) for g in gold_ids]), dataset)
+def select_questions(questions: Sequence[LabelledQuestion], limit: Optional[int] = None) -> list[EvalQuestion]:
+    """The first `limit` questions of each dataset (file order; all when `limit` is None)."""
+    per_dataset: dict[str, int] = {}
+    out = []
+    for q in questions:
+        if limit is None or per_dataset.get(q.dataset, 0) < limit:
+            per_dataset[q.dataset] = per_dataset.get(q.dataset, 0) + 1
+            out.append(EvalQuestion(Task(q.id, q.question, q.answers, q.gold_ids), q.dataset))
+    return out
 
 
 def load_questions(path: str | Path, limit: Optional[int] = None) -> list[EvalQuestion]:
     """Questions from JSONL (`question`, `answers`, optional `id`, `dataset`, `gold_ids`).
 
-    `limit` keeps the first `limit` questions of each dataset (file order). A record without
-    `dataset` belongs to a dataset named after the file. Ids must be unique.
+    Read and validated by `coevo.core.inputs.load_labelled_questions` (the loader `coevo.solve`
+    uses too); `limit` as in `select_questions`.
     """
-    path = Path(path)
-    per_dataset: dict[str, int] = {}
-    seen: set[str] = set()
-    questions = []
-    for line_no, rec in iter_jsonl(path):
-        q = _question_from_record(rec, f"{path}:{line_no}", path.name.split(".")[0])
-        if q.task.id in seen:
-            raise ValueError(f"{path}:{line_no}: duplicate question id {q.task.id!r}")
-        seen.add(q.task.id)
-        if limit is None or per_dataset.get(q.dataset, 0) < limit:
-            per_dataset[q.dataset] = per_dataset.get(q.dataset, 0) + 1
-            questions.append(q)
-    if not questions:
-        raise ValueError(f"{path}: no questions")
-    return questions
+    return select_questions(load_labelled_questions(path)[0], limit)
 
 
 # ---- the stack and the three modes ----------------------------------------------------------
@@ -315,10 +296,16 @@ def predict(questions: Sequence[EvalQuestion], stack: EvalStack, cfg: EvalRootCo
 def run_eval(cfg: EvalRootConfig, stack: Optional[EvalStack] = None) -> dict[str, Any]:
     """Load (unless given a stack), predict, aggregate, stamp, write `cfg.out`; the result dict."""
     t0 = time.perf_counter()
-    questions = load_questions(cfg.data, cfg.limit)
+    labelled, report = load_labelled_questions(cfg.data)
+    questions = select_questions(labelled, cfg.limit)
     stack = stack or build_eval_stack(cfg)
     records = predict(questions, stack, cfg)
     stamp = make_stamp(cfg, stack.corpus, len(records), time.perf_counter() - t0)
+    # Inputs cut or skipped on loading change what was evaluated: the stamp says how many.
+    stamp["questions_truncated"] = report.truncated
+    corpus_report = getattr(stack.corpus, "report", None)
+    stamp["corpus_truncated"] = corpus_report.truncated if corpus_report else None
+    stamp["corpus_skipped_empty"] = corpus_report.skipped_empty if corpus_report else None
     result = {"stamp": stamp, "metrics": aggregate(records, stamp["K"], cfg.mode), "predictions": records}
     atomic_write_text(cfg.out, json.dumps(result, indent=1, ensure_ascii=False) + "\n")
     return result

@@ -10,13 +10,14 @@ from __future__ import annotations
 import base64
 import html
 import io
+import json
+import math
 from collections import Counter
 from pathlib import Path
 from typing import Any, Optional
 
-from coevo.core.io import atomic_write_text, step_of
+from coevo.core.io import atomic_write_text, iter_jsonl, step_of
 from coevo.core.stats import mean
-from coevo.orchestrate.outputs import read_jsonl
 
 # Keys of older task dumps that were renamed when each record type got one serialization
 # (`to_record`); runs written before keep them, and loading maps them to today's names.
@@ -42,8 +43,34 @@ def normalize_record(record: dict) -> dict:
     return {**record, **verdicts, "rollouts": rollouts}
 
 
+def _check_structure(rec: dict, where: str) -> None:
+    """The nested parts inspection walks must have their documented shapes (README "Outputs")."""
+    for key in ("target_verdict", "question_verdict", "evidence_path"):
+        if rec.get(key) is not None and not isinstance(rec[key], dict):
+            raise ValueError(f"{where}: {key!r} must be an object or null, got {type(rec[key]).__name__}")
+    hops = (rec.get("evidence_path") or {}).get("hops", [])
+    if not isinstance(hops, list):
+        raise ValueError(f"{where}: 'evidence_path.hops' must be a list, got {type(hops).__name__}")
+    rollouts = rec.get("rollouts") or []
+    if not isinstance(rollouts, list) or not all(isinstance(ro, dict) for ro in rollouts):
+        raise ValueError(f"{where}: 'rollouts' must be a list of objects")
+    for i, ro in enumerate(rollouts):
+        calls = ro.get("ranker_calls") or []
+        if not isinstance(calls, list) or not all(isinstance(c, dict) for c in calls):
+            raise ValueError(f"{where}: 'rollouts[{i}].ranker_calls' must be a list of objects")
+
+
+def _read_records(path: Path) -> list[dict]:
+    """Objects of a run's JSONL output; a torn last line (a killed writer) is skipped."""
+    return [rec for _, rec in iter_jsonl(path, objects=True, skip_torn_last=True)]
+
+
 def load_run(run_dir: Path, step: Optional[int] = None) -> tuple[list[dict], list[dict]]:
-    """(task records with their step, metrics lines) of a run directory; old dump keys are renamed."""
+    """(task records with their step, metrics lines) of a run directory; old dump keys are renamed.
+
+    A line that is not a JSON object, or a record whose nested parts have the wrong shape,
+    is an error naming file and line; leaf values (accuracy, texts) are shown as they are.
+    """
     run_dir = Path(run_dir)
     if not run_dir.is_dir():
         raise FileNotFoundError(f"run directory {run_dir} does not exist")
@@ -52,10 +79,24 @@ def load_run(run_dir: Path, step: Optional[int] = None) -> tuple[list[dict], lis
                    if (n := step_of(f.name, ".jsonl")) is not None)
     for n, f in dumps:
         if step is None or n == step:
-            records += [{**normalize_record(r), "step": n} for r in read_jsonl(f)]
+            for line_no, r in iter_jsonl(f, objects=True, skip_torn_last=True):
+                _check_structure(r, f"{f}:{line_no}")
+                records.append({**normalize_record(r), "step": n})
     metrics_path = run_dir / "metrics.jsonl"
-    metrics = read_jsonl(metrics_path) if metrics_path.exists() else []
+    metrics = _read_records(metrics_path) if metrics_path.exists() else []
     return records, metrics
+
+
+def number(x: Any) -> Optional[float]:
+    """`x` as a float when it is a finite JSON number (not a bool), else None."""
+    if isinstance(x, bool) or not isinstance(x, (int, float)) or not math.isfinite(x):
+        return None
+    return float(x)
+
+
+def _label(x: Any) -> str:
+    """A dump value as a histogram key (a hand-edited dump may hold any JSON there)."""
+    return x if isinstance(x, str) else json.dumps(x)
 
 
 def hop_count(rec: dict) -> Optional[int]:
@@ -79,25 +120,31 @@ def filter_records(records: list[dict], verdict: Optional[str] = None, reason: O
 
 
 def summarize(records: list[dict]) -> dict[str, Any]:
-    """Counts and histograms shown in the terminal and the HTML report."""
+    """Counts and histograms shown in the terminal and the HTML report.
+
+    An accuracy that is not a number (a hand-edited or foreign dump) is not binned; it is
+    counted in `accuracy_invalid`.
+    """
     n = len(records)
-    stages = Counter(r.get("stage", "?") for r in records)
-    reasons = Counter(r.get("reason", "?") for r in records if not r.get("accepted"))
+    stages = Counter(_label(r.get("stage", "?")) for r in records)
+    reasons = Counter(_label(r.get("reason", "?")) for r in records if not r.get("accepted"))
     accepted = [r for r in records if r.get("accepted")]
-    acc_hist = Counter(round(r["accuracy"], 2) for r in accepted if r.get("accuracy") is not None)
+    accuracies = [r["accuracy"] for r in accepted if r.get("accuracy") is not None]
+    acc_hist = Counter(round(a, 2) for x in accuracies if (a := number(x)) is not None)
     hop_hist = Counter(h for r in records if (h := hop_count(r)) is not None)
-    solved_searches = [ro.get("n_searches", 0) for r in accepted for ro in r.get("rollouts", [])
-                       if ro.get("correctness", 0) > 0]
+    solved_searches = [number(ro.get("n_searches", 0)) for r in accepted for ro in r.get("rollouts", [])
+                       if (number(ro.get("correctness")) or 0.0) > 0]
     return {
         "candidates": n,
-        "target_valid": sum(1 for r in records if (r.get("target_verdict") or {}).get("ok")),
+        "target_valid": sum(1 for r in records if (r.get("target_verdict") or {}).get("ok") is True),
         "with_path": sum(1 for r in records if r.get("evidence_path")),
         "accepted": len(accepted),
         "stage_counts": dict(stages),
         "reason_counts": dict(reasons.most_common()),
         "accuracy_hist": dict(sorted(acc_hist.items())),
+        "accuracy_invalid": len(accuracies) - sum(acc_hist.values()),
         "hop_hist": dict(sorted(hop_hist.items())),
-        "mean_searches_solved": mean(map(float, solved_searches)),
+        "mean_searches_solved": mean(x for x in solved_searches if x is not None),
     }
 
 
@@ -116,6 +163,8 @@ def format_summary(summary: dict[str, Any], metrics: list[dict], examples: list[
     lines += [f"  {k:<28} {v}" for k, v in summary["reason_counts"].items()] or ["  (none)"]
     lines.append("== solver accuracy on accepted tasks (difficulty) ==")
     lines += [f"  p={k:<5} {'#' * v} {v}" for k, v in summary["accuracy_hist"].items()] or ["  (none)"]
+    if summary["accuracy_invalid"]:
+        lines.append(f"  ({summary['accuracy_invalid']} accepted tasks with a non-numeric accuracy)")
     lines.append("== evidence-path hops ==")
     lines += [f"  {k} hops  {v}" for k, v in summary["hop_hist"].items()] or ["  (none)"]
     ms = summary["mean_searches_solved"]
@@ -125,9 +174,9 @@ def format_summary(summary: dict[str, Any], metrics: list[dict], examples: list[
         lines.append("== reward trends (per step) ==")
         lines.append("  step  proposer  solver  ranker  acceptance")
         for m in metrics:
-            r = m.get("reward", {})
-            lines.append(f"  {m.get('step'):>4}  {_fmt(r.get('proposer'))}  {_fmt(r.get('solver'))}  "
-                         f"{_fmt(r.get('ranker'))}  {_fmt(m.get('acceptance', {}).get('task'))}")
+            r = _dict(m.get("reward"))
+            lines.append(f"  {str(m.get('step')):>4}  {_fmt(r.get('proposer'))}  {_fmt(r.get('solver'))}  "
+                         f"{_fmt(r.get('ranker'))}  {_fmt(_dict(m.get('acceptance')).get('task'))}")
     lines.append("== examples ==")
     for r in examples:
         lines.append(f"  [step {r.get('step')}] {r.get('reason')}: target={r.get('target')!r} "
@@ -136,7 +185,11 @@ def format_summary(summary: dict[str, Any], metrics: list[dict], examples: list[
 
 
 def _fmt(x: Any) -> str:
-    return f"{x:8.3f}" if isinstance(x, (int, float)) else f"{'-':>8}"
+    return f"{x:8.3f}" if (x := number(x)) is not None else f"{'-':>8}"
+
+
+def _dict(x: Any) -> dict:
+    return x if isinstance(x, dict) else {}
 
 
 def _plot_png(metrics: list[dict]) -> str:
@@ -148,14 +201,17 @@ def _plot_png(metrics: list[dict]) -> str:
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
 
-    steps = [m.get("step") for m in metrics]
+    # Only numbers are plotted (NaN leaves a gap): a metrics line may hold anything after a hand edit.
+    steps = [nan_if_none(number(m.get("step"))) for m in metrics]
     fig, axes = plt.subplots(1, 2, figsize=(10, 3.5))
     for role in ("proposer", "solver", "ranker"):
-        axes[0].plot(steps, [m.get("reward", {}).get(role) for m in metrics], marker="o", label=role)
+        axes[0].plot(steps, [nan_if_none(number(_dict(m.get("reward")).get(role))) for m in metrics], marker="o",
+                     label=role)
     axes[0].set_title("mean reward")
     axes[0].legend()
     for key in ("target", "path", "task"):
-        axes[1].plot(steps, [m.get("acceptance", {}).get(key) for m in metrics], marker="o", label=key)
+        axes[1].plot(steps, [nan_if_none(number(_dict(m.get("acceptance")).get(key))) for m in metrics], marker="o",
+                     label=key)
     axes[1].set_title("acceptance rate by stage")
     axes[1].legend()
     for ax in axes:
@@ -167,15 +223,22 @@ def _plot_png(metrics: list[dict]) -> str:
     return base64.b64encode(buf.getvalue()).decode()
 
 
+def nan_if_none(x: Optional[float]) -> float:
+    return math.nan if x is None else x
+
+
+def _cell(x: Any) -> str:
+    return f"<td>{html.escape(str(x), quote=True)}</td>"
+
+
 def write_html(out: Path, run_dir: Path, text: str, metrics: list[dict], records: list[dict]) -> None:
     """Self-contained HTML: summary text, an inline plot, and a table of tasks."""
 
     png = _plot_png(metrics)
-    rows = "".join(
-        f"<tr><td>{r.get('step')}</td><td>{html.escape(str(r.get('reference_question')))}</td>"
-        f"<td>{html.escape(str(r.get('target')))}</td><td>{html.escape(str(r.get('question')))}</td>"
-        f"<td>{html.escape(str(r.get('reason')))}</td><td>{r.get('accuracy')}</td><td>{hop_count(r)}</td></tr>"
-        for r in records[:500])
+    # Every cell is escaped: dump values are model output or hand-made, never trusted markup.
+    rows = "".join("<tr>" + "".join(_cell(x) for x in (
+        r.get("step"), r.get("reference_question"), r.get("target"), r.get("question"), r.get("reason"),
+        r.get("accuracy"), hop_count(r))) + "</tr>" for r in records[:500])
     img = f'<img src="data:image/png;base64,{png}"/>' if png else "<p>no metrics yet</p>"
     page = (f"<html><head><meta charset='utf-8'><title>coevo run {html.escape(str(run_dir))}</title></head><body>"
             f"<h1>coevo run {html.escape(str(run_dir))}</h1>{img}<pre>{html.escape(text)}</pre>"

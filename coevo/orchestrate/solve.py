@@ -26,7 +26,8 @@ import torch
 from omegaconf import DictConfig
 
 from coevo.core.config import SolveRootConfig, to_object
-from coevo.core.io import append_jsonl, iter_jsonl
+from coevo.core.inputs import load_labelled_questions
+from coevo.core.io import append_jsonl
 from coevo.core.scoring import exact_match, f1
 from coevo.core.stats import mean
 from coevo.orchestrate.actors import create_local_actors
@@ -45,18 +46,13 @@ def to_solve_object(dcfg: DictConfig) -> SolveRootConfig:
 
 
 def load_tasks(path: str | Path, limit: Optional[int] = None) -> list[Task]:
-    """Labelled questions from JSONL; `gold_ids` become the tasks' evidence passages."""
-    tasks = []
-    for line_no, rec in iter_jsonl(path, objects=True):
-        answers = rec.get("answers") or ([rec["answer"]] if "answer" in rec else [])
-        if not rec.get("question") or not answers:
-            raise ValueError(f"{path}:{line_no}: a labelled question needs 'question' and 'answers'")
-        answers = [answers] if isinstance(answers, str) else [str(a) for a in answers]
-        tasks.append(Task(str(rec.get("id", f"q{line_no}")), rec["question"], answers,
-                          [str(i) for i in rec.get("gold_ids", [])]))
-        if limit is not None and len(tasks) >= limit:
-            break
-    return tasks
+    """The first `limit` (default all) labelled questions of a file as tasks; `gold_ids` are their evidence.
+
+    Read and validated by `coevo.core.inputs.load_labelled_questions`, the loader `coevo.eval`
+    uses too: the whole file is checked, also past `limit`.
+    """
+    questions, _ = load_labelled_questions(path)
+    return [Task(q.id, q.question, q.answers, q.gold_ids) for q in questions[:limit]]
 
 
 def question_batches(tasks: list[Task], batch: int, steps: int, seed: int = 0,

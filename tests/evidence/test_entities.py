@@ -106,8 +106,12 @@ def test_cache_reuse_does_not_rerun_spacy(toy_corpus, tmp_path, monkeypatch):
 
 
 @pytest.mark.slow
-def test_cache_invalidated_when_corpus_changes(tmp_path, monkeypatch, toy_rows, corpus_from_rows):
+def test_cache_invalidated_when_corpus_changes(tmp_path, monkeypatch, toy_rows, corpus_from_rows, caplog):
+    caplog.set_level("INFO", logger="coevo.progress")
     base = build_entity_index(corpus_from_rows(toy_rows[:3]), cache_dir=str(tmp_path))
+    # The first-use build shows its progress: a line at start and per tenth crossed (3 passages).
+    lines = [m for m in caplog.messages if m.startswith("entity annotation of corpus 'toy'")]
+    assert [m.split(": ")[1].split(" ")[0] for m in lines] == ["started,", "33%", "66%", "100%"]
     calls = []
     real = spacy_ner.annotate_corpus
     monkeypatch.setattr(spacy_ner, "annotate_corpus", lambda *a, **k: calls.append(1) or real(*a, **k))

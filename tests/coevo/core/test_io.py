@@ -1,11 +1,17 @@
-"""The shared file helpers: JSONL reader, `step_<n>` names, package-data lookup, mean."""
+"""The shared file helpers: atomic dirs, JSONL reader, `step_<n>` names, package-data lookup, mean."""
+import errno
 import gzip
 import json
+import multiprocessing
+import os
+import traceback
 
 import pytest
 
+from coevo.core import io
 from coevo.core.io import (
     append_jsonl,
+    atomic_dir,
     iter_jsonl,
     iter_lines,
     package_path,
@@ -120,3 +126,90 @@ def test_mean():
     # Exact: 0.1 + 0.1 + 0.1 summed in floats is 0.30000000000000004.
     assert mean([0.1, 0.1, 0.1]) == 0.1
     assert mean([0.1, 0.2, 0.3, 1e16]) == mean([1e16, 0.3, 0.2, 0.1])
+
+
+# ---- atomic_dir -----------------------------------------------------------------------------
+
+CTX = multiprocessing.get_context("fork")  # workers are functions of this module (importlib mode)
+
+
+def _writer(target, n, errors):
+    try:
+        for i in range(n):
+            with atomic_dir(target) as tmp:
+                (tmp / "a").write_text(f"{os.getpid()}-{i}")
+                (tmp / "b").write_text("x" * 1000)
+    except BaseException:
+        (errors / f"w{os.getpid()}").write_text(traceback.format_exc())
+        os._exit(1)
+    os._exit(0)
+
+
+def _watcher(target, stop, errors, seen):
+    misses = reads = 0
+    while not stop.exists():
+        try:
+            (target / "a").read_text()
+            reads += 1
+        except FileNotFoundError:
+            misses += 1
+    seen.write_text(f"{reads} {misses}")
+    os._exit(0)
+
+
+def test_atomic_dir_concurrent_writers_never_fail_and_readers_never_miss(tmp_path):
+    target, errors, stop, seen = tmp_path / "d" / "t", tmp_path / "errors", tmp_path / "stop", tmp_path / "seen"
+    errors.mkdir()
+    with atomic_dir(target) as tmp:
+        (tmp / "a").write_text("first")
+    # A leftover of the old implementation's fixed aside name once broke every later call.
+    (target.parent / f".old-t-{os.getpid()}").mkdir()
+    (target.parent / f".old-t-{os.getpid()}" / "junk").write_text("1")
+    watcher = CTX.Process(target=_watcher, args=(target, stop, errors, seen))
+    watcher.start()
+    writers = [CTX.Process(target=_writer, args=(target, 300, errors)) for _ in range(2)]
+    for p in writers:
+        p.start()
+    for p in writers:
+        p.join(120)
+    stop.touch()
+    watcher.join(30)
+    problems = "\n".join(f.read_text() for f in errors.iterdir())
+    assert not problems and [p.exitcode for p in writers + [watcher]] == [0, 0, 0], problems
+    reads, misses = map(int, seen.read_text().split())
+    assert misses == 0 and reads > 0
+    assert sorted(p.name for p in target.parent.iterdir()) == [f".old-t-{os.getpid()}", "t"]
+    assert sorted(p.name for p in target.iterdir()) == ["a", "b"]
+
+
+def test_atomic_dir_without_rename_exchange_still_replaces(tmp_path, monkeypatch):
+    def no_exchange(a, b):
+        raise OSError(errno.EINVAL, "not supported here")
+
+    monkeypatch.setattr(io, "_exchange", no_exchange)
+    target = tmp_path / "t"
+    for version in ("1", "2"):
+        with atomic_dir(target) as tmp:
+            (tmp / "v").write_text(version)
+    assert (target / "v").read_text() == "2"
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["t"]
+
+
+def test_atomic_dir_failure_keeps_the_old_version_and_leaves_nothing(tmp_path):
+    target = tmp_path / "t"
+    with atomic_dir(target) as tmp:
+        (tmp / "v").write_text("old")
+    with pytest.raises(RuntimeError):
+        with atomic_dir(target) as tmp:
+            (tmp / "v").write_text("half")
+            raise RuntimeError("killed mid-write")
+    assert (target / "v").read_text() == "old"
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["t"]
+
+
+def test_sibling_names_belong_to_exactly_one_target(tmp_path):
+    t = tmp_path / "a"
+    name = io.unique_sibling(t).name
+    assert io.is_sibling_of(name, t)
+    assert not io.is_sibling_of(io.unique_sibling(tmp_path / "a-b").name, t)
+    assert not io.is_sibling_of(".tmp-a-xyz", t) and not io.is_sibling_of("a", t)

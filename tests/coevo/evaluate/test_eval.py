@@ -142,6 +142,33 @@ def test_load_questions_limit_per_dataset_and_errors(tmp_path):
         load_questions(path)
 
 
+@pytest.mark.parametrize("bad,message", [
+    ({"question": "q", "answers": 123}, r"'answers' must be a non-empty list of strings"),
+    ({"question": "q", "answers": ["a"], "gold_ids": "p1"}, r"'gold_ids' must be a list of passage ids, got str"),
+    ({"id": None, "question": "q", "answers": ["a"]}, r"'id' must be a string or an integer, got null"),
+    ({"id": "x0", "question": "q", "answers": ["a"]}, r"duplicate question id 'x0' \(first at line 1\)"),
+    ({"question": ["q"], "answers": ["a"]}, r"'question' must be a non-empty string"),
+])
+def test_solve_and_eval_read_questions_with_one_loader(tmp_path, bad, message):
+    from coevo.orchestrate.solve import load_tasks
+
+    path = tmp_path / "qs.jsonl"
+    good = [{"id": "x0", "question": "q0?", "answers": ["a"], "gold_ids": ["p1", 2]},
+            {"question": "q1?", "answer": "b"}]
+    path.write_text("".join(json.dumps(r) + "\n" for r in good))
+    tasks = load_tasks(path)
+    assert [(q.task.id, q.task.question, q.task.answers, q.task.evidence_ids) for q in load_questions(path)] == \
+        [(t.id, t.question, t.answers, t.evidence_ids) for t in tasks] == \
+        [("x0", "q0?", ["a"], ["p1", "2"]), ("qs-2", "q1?", ["b"], [])]
+    path.write_text("".join(json.dumps(r) + "\n" for r in good + [bad]))
+    errors = []
+    for load in (load_tasks, load_questions):
+        with pytest.raises(ValueError, match=r"qs\.jsonl:3: " + message) as e:
+            load(path)
+        errors.append(str(e.value))
+    assert errors[0] == errors[1]
+
+
 def test_overrides_and_errors_name_the_key_and_choices(tmp_path):
     data = tmp_path / "d.jsonl"
     data.write_text(json.dumps({"question": "q?", "answers": ["a"]}) + "\n")

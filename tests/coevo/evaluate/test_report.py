@@ -3,8 +3,10 @@ import json
 import re
 from pathlib import Path
 
+import pytest
+
 from coevo.core.types import Completion, EvidencePath, Hop, Verdict
-from coevo.evaluate.report import load_run, normalize_record, summarize
+from coevo.evaluate.report import format_summary, load_run, normalize_record, summarize, write_html
 from coevo.orchestrate.records import candidate_record
 from proposer.pipeline import Candidate
 from solver.agent import Episode, Task
@@ -129,3 +131,70 @@ def test_readme_documents_every_dump_key():
     rollout = accepted["rollouts"][0]
     written = [accepted, accepted["target_verdict"], accepted["evidence_path"], rollout, rollout["ranker_calls"][0]]
     assert _readme_tables() == [list(r) for r in written]
+
+
+# ---- hostile and hand-made dumps --------------------------------------------------------------
+
+HOSTILE = '<script>alert("x")</script>'
+
+
+def _hostile_records() -> list[dict]:
+    base = {"reference_question": f"ref {HOSTILE} & 'quotes'", "target": HOSTILE, "question": 'say "hi" <b>',
+            "stage": "accepted", "reason": "accepted", "accepted": True, "rollouts": []}
+    return [
+        {**base, "accuracy": 0.5},
+        {**base, "accuracy": HOSTILE},  # non-numeric accuracy: shown escaped, not binned
+        {**base, "accuracy": True},
+        {**base, "accuracy": [1, 2]},
+        {"stage": ["odd"], "reason": {"x": 1}, "accepted": False},  # missing most keys, odd types
+        {},
+    ]
+
+
+def test_non_numeric_accuracy_is_counted_not_a_crash(tmp_path):
+    records, _ = load_run(_write_run(tmp_path / "run", _hostile_records()))
+    summary = summarize(records)
+    assert summary["accuracy_hist"] == {0.5: 1}
+    assert summary["accuracy_invalid"] == 3
+    assert summary["accepted"] == 4 and summary["candidates"] == 6
+    assert summary["reason_counts"] == {'{"x": 1}': 1, "?": 1}
+    assert summary["stage_counts"] == {"accepted": 4, '["odd"]': 1, "?": 1}
+    text = format_summary(summary, [{"step": None, "reward": "oops", "acceptance": {"task": "NaN"}}], records)
+    assert "(3 accepted tasks with a non-numeric accuracy)" in text
+    assert "  None         -         -         -         -" in text
+
+
+def test_html_report_escapes_every_cell_and_shows_the_reference(tmp_path):
+    run = _write_run(tmp_path / "run", _hostile_records())
+    (run / "metrics.jsonl").write_text(json.dumps({"step": 0, "reward": {"solver": "bad"}}) + "\n"
+                                       + json.dumps({"step": "x", "reward": {"solver": 0.5}}) + "\n")
+    out = tmp_path / "r.html"
+    records, metrics = load_run(run)
+    write_html(out, run, format_summary(summarize(records), metrics, records), metrics, records)
+    page = out.read_text(encoding="utf-8")
+    assert "<script>" not in page and "<b>" not in page
+    assert "&lt;script&gt;alert(&quot;x&quot;)&lt;/script&gt;" in page
+    # The reference column holds each record's reference question (not None).
+    assert "<td>ref &lt;script&gt;alert(&quot;x&quot;)&lt;/script&gt; &amp; &#x27;quotes&#x27;</td>" in page
+    rows = page.split("<tr>")[2:]  # after the header row
+    assert len(rows) == 6
+    assert rows[1].split("<td>")[6] == "&lt;script&gt;alert(&quot;x&quot;)&lt;/script&gt;</td>"  # accuracy cell
+    assert rows[4].split("<td>")[2] == "None</td>"  # a record without reference_question
+
+
+def test_bad_dump_structure_names_file_and_line(tmp_path):
+    run = _write_run(tmp_path / "run", [_hostile_records()[0]])
+    dump = run / "tasks" / "step_0.jsonl"
+    with dump.open("a") as f:
+        f.write(json.dumps({"rollouts": "not a list"}) + "\n" + json.dumps({"ok": 1}) + "\n")
+    with pytest.raises(ValueError, match=r"step_0\.jsonl:2: 'rollouts' must be a list of objects"):
+        load_run(run)
+    dump.write_text(json.dumps([1, 2]) + "\n" + json.dumps({}) + "\n")
+    with pytest.raises(ValueError, match=r"step_0\.jsonl:1: expected a JSON object, got list"):
+        load_run(run)
+    dump.write_text(json.dumps({"evidence_path": "p0"}) + "\n" + json.dumps({}) + "\n")
+    with pytest.raises(ValueError, match=r"step_0\.jsonl:1: 'evidence_path' must be an object or null, got str"):
+        load_run(run)
+    dump.write_text(json.dumps({"rollouts": [{"ranker_calls": [3]}]}) + "\n" + json.dumps({}) + "\n")
+    with pytest.raises(ValueError, match=r"step_0\.jsonl:1: 'rollouts\[0\]\.ranker_calls' must be a list of objects"):
+        load_run(run)

@@ -136,12 +136,15 @@ def test_load_tasks_and_batches(tmp_path):
     path.write_text("\n".join(json.dumps(r) for r in [
         {"id": "a", "question": "Q1?", "answers": ["x", "y"], "gold_ids": ["p1"]},
         {"question": "Q2?", "answer": "z"}, {}]) + "\n")
-    with pytest.raises(ValueError, match=":3:"):
-        load_tasks(path)
+    # The whole file is validated up front, also past `limit`.
+    with pytest.raises(ValueError, match=r"q\.jsonl:3: missing key 'question'"):
+        load_tasks(path, limit=2)
+    path.write_text("\n".join(path.read_text().splitlines()[:2]) + "\n")
     tasks = load_tasks(path, limit=2)
-    assert [(t.id, t.answers, t.evidence_ids) for t in tasks] == [("a", ["x", "y"], ["p1"]), ("q2", ["z"], [])]
+    # A record without id gets `<dataset>-<line>`, the dataset defaulting to the file's name.
+    assert [(t.id, t.answers, t.evidence_ids) for t in tasks] == [("a", ["x", "y"], ["p1"]), ("q-2", ["z"], [])]
     batches = list(question_batches(tasks, 3, 3, shuffle=False))
-    assert [[t.id for t in b] for b in batches] == [["a", "q2"]] * 3
+    assert [[t.id for t in b] for b in batches] == [["a", "q-2"]] * 3
 
 
 def test_solve_config_mirrors_coevo_config():

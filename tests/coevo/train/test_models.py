@@ -43,3 +43,35 @@ def test_smollm2_loads_and_answers():
                                   add_generation_prompt=True, return_tensors="pt", return_dict=True)
     out = model.generate(**enc, max_new_tokens=12, do_sample=False)
     assert "paris" in tok.decode(out[0, enc["input_ids"].shape[1]:]).lower()
+
+
+def test_conversion_shows_progress_and_leaves_one_complete_entry(tmp_path, monkeypatch, caplog):
+    """The smollm2 conversion path end to end, with the GGUF loads replaced by the tiny model."""
+    import transformers
+
+    from coevo.core.cache import is_complete
+
+    tiny = models.build_tiny_random(tmp_path / "tiny")
+    monkeypatch.setenv("COEVO_CACHE", str(tmp_path / "cache"))
+    monkeypatch.setattr(models, "_smollm2_gguf", lambda: tmp_path / "fake" / "model.gguf")
+    loads = []
+
+    def from_tiny(real):
+        def load(path, gguf_file=None, **kwargs):
+            loads.append(gguf_file)
+            return real(str(tiny), **kwargs)
+        return load
+
+    monkeypatch.setattr(transformers.AutoTokenizer, "from_pretrained",
+                        from_tiny(transformers.AutoTokenizer.from_pretrained))
+    monkeypatch.setattr(transformers.AutoModelForCausalLM, "from_pretrained",
+                        from_tiny(transformers.AutoModelForCausalLM.from_pretrained))
+    caplog.set_level("INFO", logger="coevo.progress")
+    path = models.resolve_model_path("smollm2-135m")
+    assert loads == ["model.gguf", "model.gguf"] and is_complete(path)
+    assert sum(models.CONVERSION_STAGES.values()) == 100
+    lines = [m for m in caplog.messages if m.startswith("conversion of model preset smollm2-135m")]
+    assert [m.split(": ")[1].split(" ")[0] for m in lines] == ["started,", "17%", "81%", "95%", "100%"]
+    assert models.resolve_model_path("smollm2-135m") == path and len(loads) == 2  # cached: no second conversion
+    assert sorted(p.name for p in (tmp_path / "cache" / "models").iterdir()) == \
+        [".smollm2-135m-v1.lock", "smollm2-135m-v1"]

@@ -115,7 +115,11 @@ def _claim(cfg: CoevoConfig, run_dir: Path) -> RunDirLock:
     """This run's lock on run.dir, with the directory emptied (run.overwrite) and a killed run's temp files gone."""
     lock = claim_run_dir(run_dir, resume=cfg.resume, overwrite=cfg.run.overwrite, keep=hydra_entries(run_dir),
                          resumable=latest_checkpoint(run_dir) is not None)
-    removed = remove_partial_checkpoints(run_dir) + remove_temp_files(run_dir)
+    try:
+        removed = remove_partial_checkpoints(run_dir) + remove_temp_files(run_dir)
+    except BaseException:
+        lock.release()
+        raise
     if removed:
         print(f"removed what an interrupted run left in {run_dir}: {', '.join(removed)}", flush=True)
     return lock

@@ -9,12 +9,14 @@ The body is `coevo.orchestrate.solve`; config `configs/solve.yaml`.
 from __future__ import annotations
 
 import sys
+from pathlib import Path
 
 import hydra
 from omegaconf import DictConfig
 
 from coevo.core.config import register_schema
-from coevo.core.lifetime import ensure_reaper
+from coevo.core.lifetime import Stopped, ensure_reaper, stop_on_signals
+from coevo.core.rundir import RunDirError, claim_run_dir, hydra_entries, remove_temp_files
 from coevo.orchestrate.solve import run_solve, to_solve_object
 from coevo.train.memory import MemoryBudgetError, check_run_memory
 
@@ -24,12 +26,29 @@ register_schema()
 @hydra.main(config_path="../configs", config_name="solve", version_base="1.3")
 def main(dcfg: DictConfig) -> None:
     ensure_reaper()  # first: the engines inherit its token and die with this process, however it ends
-    cfg = to_solve_object(dcfg)
+    try:
+        cfg = to_solve_object(dcfg)
+    except ValueError as e:
+        print(f"coevo.solve: error: {e}", file=sys.stderr)
+        sys.exit(2)
     try:
         check_run_memory(cfg, with_proposer=False)
     except MemoryBudgetError as e:
         sys.exit(str(e))
-    run_solve(cfg)
+    run_dir = Path(cfg.run.dir)
+    try:
+        # Held throughout: metrics.jsonl of two runs would interleave. No resume here: no checkpoints.
+        with stop_on_signals(), claim_run_dir(run_dir, resume=False, overwrite=cfg.run.overwrite,
+                                              keep=hydra_entries(run_dir)):
+            remove_temp_files(run_dir)
+            run_solve(cfg)
+    except RunDirError as e:
+        print(f"coevo.solve: error: {e}", file=sys.stderr)
+        sys.exit(2)
+    except Stopped as e:
+        print(f"coevo.solve: stopped by {e}; metrics of the finished steps are in {run_dir / 'metrics.jsonl'}",
+              file=sys.stderr, flush=True)
+        sys.exit(e.exit_code)
 
 
 if __name__ == "__main__":

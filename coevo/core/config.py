@@ -2,7 +2,8 @@
 
 Every field carries one line of documentation. Hydra validates overrides against these
 dataclasses, so an unknown key, a wrong type or a value outside an enumeration fails with
-an error naming the key (and, for an enumeration, the valid choices). The roots are
+an error naming the key (and, for an enumeration, the valid choices); `to_object` then
+checks every numeric key against its range (coevo/core/ranges.py). The roots are
 `CoevoConfig` (`python -m coevo.run`), `SolveRootConfig` (`coevo.solve`) and
 `EvalRootConfig` (`coevo.eval`); the last two are the coevo root plus their own keys.
 
@@ -18,6 +19,8 @@ from pathlib import Path
 from typing import Optional
 
 from omegaconf import MISSING, DictConfig, OmegaConf
+
+from coevo.core.ranges import check_ranges
 
 
 class Engine(StrEnum):
@@ -232,6 +235,7 @@ class RunConfig:
     save_every: int = 1  # checkpoint period in steps (and always at the end)
     reference_questions: Optional[str] = None  # file of reference questions (default: bundled)
     memory_check: bool = True  # refuse to start when the peak RAM estimate exceeds MemAvailable (train/memory.py)
+    overwrite: bool = False  # delete what a non-empty run.dir holds and start over (without it: refused unless resume)
 
 
 @dataclass
@@ -301,19 +305,28 @@ SCHEMAS: dict[str, type[CoevoConfig]] = {
 }
 
 
-def validate_config(cfg: CoevoConfig | DictConfig) -> None:
-    """Check ranges across keys (the schema types already restrict enumerated fields)."""
+def validate_config(cfg: CoevoConfig) -> None:
+    """Check every numeric key against its range (coevo/core/ranges.py), then the rules across keys.
+
+    Call after `resolve_frozen`: whether a role trains decides its minimum group size.
+    """
+    check_ranges(cfg)
     if cfg.ranker.top_k > cfg.ranker.n_candidates:
         raise ValueError(
             f"config key ranker.top_k={cfg.ranker.top_k} exceeds ranker.n_candidates="
             f"{cfg.ranker.n_candidates}; expected top_k <= n_candidates"
         )
-    for key, value in (("proposer.group_size", cfg.proposer.group_size),
-                       ("solver.group_size", cfg.solver.group_size),
-                       ("ranker.top_k", cfg.ranker.top_k),
-                       ("run.steps", cfg.run.steps)):
-        if value < 1:
-            raise ValueError(f"config key {key}={value} must be >= 1")
+    solve = getattr(cfg, "solve", None)
+    if solve is not None and cfg.resume:
+        raise ValueError("config key resume=true: coevo.solve writes no checkpoints and cannot resume")
+    trained = {"proposer": solve is None and not cfg.proposer.frozen,
+               "solver": not cfg.solver.frozen and (solve is None or solve.train)}
+    for role in ("proposer", "solver"):
+        size = getattr(cfg, role).group_size
+        if trained[role] and size < 2:
+            raise ValueError(f"config key {role}.group_size={size} is out of range for a trained {role}: expected "
+                             f"group_size >= 2 (the GRPO advantage of a group of one is 0, nothing learns); "
+                             f"or set {role}.frozen=true")
 
 
 def resolve_frozen(cfg: CoevoConfig) -> None:
@@ -333,8 +346,8 @@ def to_object(cfg: DictConfig, schema: type[CoevoConfig] = CoevoConfig) -> Coevo
     """Turn a composed DictConfig into the typed root `schema` (interpolations resolved), validated."""
     obj = OmegaConf.to_object(OmegaConf.merge(OmegaConf.structured(schema), cfg))
     assert isinstance(obj, schema)
-    validate_config(obj)
     resolve_frozen(obj)
+    validate_config(obj)
     return obj
 
 

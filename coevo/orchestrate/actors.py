@@ -17,6 +17,7 @@ import ray
 from ray.exceptions import RayActorError, RayTaskError
 
 from coevo.core.config import CoevoConfig, PolicyConfig
+from coevo.core.lifetime import install_stop_handlers
 from coevo.core.types import Completion, EvidencePath, SamplingParams, Verdict
 from coevo.train.models import resolve_model_path
 from coevo.train.policy import Policy
@@ -246,6 +247,7 @@ def init_ray(cfg: CoevoConfig) -> None:
                              "CPUs (proposer/solver/ranker num_cpus + retrieval + evidence)")
         kwargs["num_cpus"] = cfg.ray.num_cpus or max(need, os.cpu_count() or 1)
     ray.init(**kwargs)
+    install_stop_handlers()  # ray.init replaced our SIGTERM handler with one that aborts the driver
 
 
 def create_actors(cfg: CoevoConfig) -> Actors:

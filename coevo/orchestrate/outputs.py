@@ -1,8 +1,8 @@
 """What a run writes for its user (SPEC §6): task dumps, metrics.jsonl, TensorBoard, config.
 
 Task dumps are written whole and atomically per step; metrics.jsonl gets one line per step.
-On resume, lines and dumps of steps after the checkpoint are dropped (atomically), so a
-re-run step never appears twice.
+On resume, lines and dumps of steps after the checkpoint are dropped (atomically), and the
+TensorBoard events rebuilt from the lines kept, so a re-run step never appears twice.
 """
 from __future__ import annotations
 
@@ -12,6 +12,7 @@ from typing import Any, Iterable, Optional
 
 from coevo.core.io import (
     append_jsonl,
+    atomic_dir,
     atomic_write_jsonl,
     atomic_write_text,
     iter_jsonl,
@@ -51,23 +52,31 @@ def _finite(x: Any) -> Any:
 
 
 class MetricsLog:
-    """metrics.jsonl (one line per step) plus TensorBoard scalars of every numeric leaf."""
+    """metrics.jsonl (one line per step) plus TensorBoard scalars of every numeric leaf.
 
-    def __init__(self, run_dir: Path, tensorboard: bool = True) -> None:
+    `start`: the first step this run will log. Records of steps >= `start` (logged by an earlier
+    run that got further than its last checkpoint) are dropped from metrics.jsonl, and the
+    TensorBoard directory is rebuilt from what remains, so no step is ever logged twice.
+    """
+
+    def __init__(self, run_dir: Path, tensorboard: bool = True, start: Optional[int] = None) -> None:
         self.path = Path(run_dir) / "metrics.jsonl"
+        self.tb_dir = Path(run_dir) / "tensorboard"
         self.writer = None
+        if start is not None:
+            self.truncate_after(start - 1)
         if tensorboard:
             from torch.utils.tensorboard import SummaryWriter
 
-            self.writer = SummaryWriter(log_dir=str(Path(run_dir) / "tensorboard"))
+            if start is not None and self.tb_dir.exists():
+                self._rebuild_tensorboard()
+            self.writer = SummaryWriter(log_dir=str(self.tb_dir))
 
     def log(self, step: int, metrics: dict[str, Any]) -> None:
         record = _finite({"step": step, **metrics})
         append_jsonl(self.path, record)
         if self.writer is not None:
-            for key, value in _flatten(record).items():
-                if isinstance(value, (int, float)) and not isinstance(value, bool) and key != "step":
-                    self.writer.add_scalar(key, value, step)
+            _add_scalars(self.writer, record)
             self.writer.flush()
 
     def truncate_after(self, step: int) -> None:
@@ -76,9 +85,26 @@ class MetricsLog:
             keep = [r for r in read_jsonl(self.path) if r.get("step", -1) <= step]
             atomic_write_jsonl(self.path, keep)
 
+    def _rebuild_tensorboard(self) -> None:
+        """Replace the event files with the scalars of metrics.jsonl (event files can only be appended to)."""
+        from torch.utils.tensorboard import SummaryWriter
+
+        records = read_jsonl(self.path) if self.path.exists() else []
+        with atomic_dir(self.tb_dir) as tmp:
+            writer = SummaryWriter(log_dir=str(tmp))
+            for record in records:
+                _add_scalars(writer, record)
+            writer.close()
+
     def close(self) -> None:
         if self.writer is not None:
             self.writer.close()
+
+
+def _add_scalars(writer: Any, record: dict[str, Any]) -> None:
+    for key, value in _flatten(record).items():
+        if isinstance(value, (int, float)) and not isinstance(value, bool) and key != "step":
+            writer.add_scalar(key, value, record["step"])
 
 
 def _flatten(d: dict[str, Any], prefix: str = "") -> dict[str, Any]:

@@ -27,10 +27,9 @@ from coevo.core.io import atomic_dir
 from coevo.core.stages import stage
 from coevo.core.types import Completion, Engine, SamplingParams, TrainSequence
 from coevo.train.allocator import pin_mmap_threshold
+from coevo.train.checkpoint import OPTIMIZER_FILE
 from coevo.train.engines import build_engine
 from coevo.train.models import load_model_and_tokenizer
-
-OPTIMIZER_FILE = "optimizer.pt"
 
 
 def _left_truncate(prompt: list[int], limit: int) -> list[int]:
@@ -233,19 +232,24 @@ class Policy:
         return Path(directory)
 
     def load(self, directory: str | Path) -> None:
-        """Restore weights (and optimizer state when saved) from `save`; the reference copy is kept.
+        """Restore weights (and, for a trainable policy, the optimizer state) from `save`; the reference copy is kept.
 
         The reference stays the initial model on purpose: resuming must not move the KL anchor.
+        A trainable policy's directory without optimizer state is an error: a fresh AdamW would
+        restart its moment estimates and silently change the run.
         """
         from transformers import AutoModelForCausalLM
 
         directory = Path(directory)
+        opt_path = directory / OPTIMIZER_FILE
+        if self.optimizer is not None and not opt_path.is_file():
+            raise FileNotFoundError(f"{opt_path} is missing: the trainable {self.role} cannot resume without its "
+                                    "optimizer state")
         dtype = next(self.model.parameters()).dtype
         loaded = AutoModelForCausalLM.from_pretrained(directory, dtype=dtype)
         self.model.load_state_dict(loaded.state_dict())
         del loaded
-        opt_path = directory / OPTIMIZER_FILE
-        if self.optimizer is not None and opt_path.exists():
+        if self.optimizer is not None:
             self.optimizer.load_state_dict(torch.load(opt_path, map_location=self.device, weights_only=True))
         self.engine.sync_weights(self.model)
 

@@ -70,3 +70,22 @@ def bpe(bpe_dir: Path):
     from coevo.train.models import load_model_and_tokenizer
 
     return load_model_and_tokenizer(str(bpe_dir))
+
+
+def _tensorboard_points(log_dir: Path) -> list[tuple[str, int, float]]:
+    """(tag, step, value rounded to 4 digits) of every scalar in every event file under `log_dir`."""
+    from tensorboard.backend.event_processing.event_file_loader import EventFileLoader
+
+    points = []
+    for path in sorted(log_dir.glob("events.out.tfevents.*")):
+        for event in EventFileLoader(str(path)).Load():
+            for v in event.summary.value:
+                value = v.tensor.float_val[0] if v.HasField("tensor") else v.simple_value
+                points.append((v.tag, event.step, round(value, 4)))
+    return points
+
+
+@pytest.fixture()
+def tensorboard_points():
+    """`f(log_dir)`: the scalars TensorBoard holds, as (tag, step, value), read from the raw event files."""
+    return _tensorboard_points

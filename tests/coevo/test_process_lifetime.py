@@ -46,14 +46,19 @@ def _tree_once_an_engine_runs(driver: subprocess.Popen, timeout_s: float, log: P
                          f"{log.read_text()[-3000:]}")
 
 
-def _registered_paths(tree: dict[int, Proc]) -> set[str]:
-    """Paths the run's processes asked their reapers to delete (the engines' tmpfs staging directories)."""
+def _tokens(pids) -> set[str]:  # noqa: ANN001
+    """The reaper tokens the processes `pids` carry."""
     tokens = set()
-    for pid in tree:
+    for pid in pids:
         for entry in _read(f"/proc/{pid}/environ").split(b"\0"):
             if entry.startswith(TOKENS_ENV.encode() + b"="):
-                tokens.update(entry.decode().partition("=")[2].split(":"))
-    return {line for t in tokens if t for line in _read(str(paths_file(t))).decode().splitlines()}
+                tokens.update(t for t in entry.decode().partition("=")[2].split(":") if t)
+    return tokens
+
+
+def _registered_paths(tree: dict[int, Proc]) -> set[str]:
+    """Paths the run's processes asked their reapers to delete (the engines' tmpfs staging directories)."""
+    return {line for t in _tokens(tree) for line in _read(str(paths_file(t))).decode().splitlines()}
 
 
 def _read(path: str) -> bytes:
@@ -93,6 +98,7 @@ def test_no_process_outlives_a_killed_driver(tmp_path, shared_data, small_corpus
     try:
         tree = _tree_once_an_engine_runs(driver, timeout_s=240, log=log)
         staged = _registered_paths(tree)
+        tokens = _tokens(tree)
         assert staged, "the engine registered no staging directory"
         killed_at = time.monotonic()
         driver.send_signal(sig)
@@ -102,6 +108,9 @@ def test_no_process_outlives_a_killed_driver(tmp_path, shared_data, small_corpus
         left = {pid: _cmdline(pid)[:60] for pid, p in tree.items() if _alive(p)}
         print(f"{entry} {sig.name}: {len(tree)} processes gone {time.monotonic() - killed_at:.1f}s after the signal")
         assert left == {}, f"still alive 30 s after {sig.name}: {left}\n{log.read_text()[-3000:]}"
+        # Also none started after the snapshot (Ray's DashboardAgent, RuntimeEnvAgent): all carry a token.
+        late = {pid: _cmdline(pid)[:60] for pid in process_table() if _tokens([pid]) & tokens}
+        assert late == {}, f"processes of the run still alive after {sig.name}: {late}"
         assert [p for p in staged if os.path.exists(p)] == []
     finally:  # only when the test failed: leave nothing behind
         if driver.poll() is None:

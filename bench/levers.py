@@ -37,9 +37,9 @@ _ROOT = Path(__file__).resolve().parents[1]  # the repo root first: bench/eviden
 sys.path[:] = [str(_ROOT)] + [p for p in sys.path if Path(p or ".").resolve() != _ROOT / "bench"]
 
 from coevo.core.config import compose, to_object  # noqa: E402
+from coevo.core.inputs import load_reference_questions  # noqa: E402
 from coevo.core.io import atomic_write_text, read_jsonl  # noqa: E402
 from coevo.orchestrate.actors import create_local_actors  # noqa: E402
-from coevo.orchestrate.outputs import load_reference_questions  # noqa: E402
 from proposer.pipeline import (  # noqa: E402
     Candidate,
     attach_paths,
@@ -138,7 +138,7 @@ def main() -> None:
     base = FROZEN + list(args.overrides)
     cfg0 = to_object(compose(base))
     actors = create_local_actors(cfg0, with_proposer=True)
-    refs = load_reference_questions(cfg0.run.reference_questions)[: args.questions]
+    refs = load_reference_questions(cfg0.run.reference_questions)[0][: args.questions]
     references = list(enumerate(refs))
     out: dict[str, Any] = {"questions": len(references), "ranker_questions": args.ranker_questions,
                            "seed": args.seed, "base_overrides": base, "proposer": {}, "ranker": {}}

@@ -20,6 +20,7 @@ import hydra
 from omegaconf import DictConfig, OmegaConf
 
 from coevo.core.config import CoevoConfig, register_schema, to_object
+from coevo.core.inputs import load_reference_questions
 from coevo.core.lifetime import Stopped, ensure_reaper, stop_on_signals, uninterrupted
 from coevo.core.rundir import (
     CONFIG_NAME,
@@ -35,7 +36,6 @@ from coevo.orchestrate.loop import coevolution_step, step_seed
 from coevo.orchestrate.outputs import (
     MetricsLog,
     drop_dumps_after,
-    load_reference_questions,
     write_config,
     write_task_dump,
 )
@@ -132,7 +132,9 @@ def train(cfg: CoevoConfig, dcfg: DictConfig) -> Path:
         config_yaml = OmegaConf.to_yaml(dcfg, resolve=True)
         ckpt = _resume_point(cfg, run_dir, config_yaml)
         write_config(run_dir, config_yaml)
-        questions = load_reference_questions(cfg.run.reference_questions)
+        questions, report = load_reference_questions(cfg.run.reference_questions)
+        if report.message():
+            print(f"run.reference_questions: {report.message()}", flush=True)
         random.seed(cfg.seed)
         t0 = time.perf_counter()
         actors = create_local_actors(cfg) if cfg.ray.local else create_actors(cfg)

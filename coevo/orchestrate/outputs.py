@@ -16,9 +16,6 @@ from coevo.core.io import (
     atomic_write_jsonl,
     atomic_write_text,
     iter_jsonl,
-    iter_lines,
-    package_path,
-    parse_json_line,
     step_name,
     step_of,
 )
@@ -130,22 +127,3 @@ def drop_dumps_after(run_dir: Path, step: int) -> None:
 
 def write_config(run_dir: Path, yaml_text: str, name: str = "config.yaml") -> None:
     atomic_write_text(Path(run_dir) / name, yaml_text)
-
-
-def load_reference_questions(path: Optional[str]) -> list[str]:
-    """Reference questions: text (one per line) or JSONL with `question`; default: bundled set."""
-    p = package_path("proposer", "data/reference_questions.txt") if path is None else Path(path).expanduser()
-    if not p.exists():
-        raise FileNotFoundError(f"run.reference_questions: file {p} does not exist")
-    questions = []
-    for i, line in iter_lines(p):
-        if p.suffix in (".jsonl", ".json") or line.lstrip().startswith("{"):
-            rec = parse_json_line(line, f"{p}:{i}")
-            if not isinstance(rec, dict) or not isinstance(rec.get("question"), str):
-                raise ValueError(f"{p}:{i}: expected an object with a string 'question'")
-            questions.append(rec["question"].strip())
-        else:
-            questions.append(line.strip())
-    if not questions:
-        raise ValueError(f"run.reference_questions: {p} holds no questions")
-    return questions

@@ -1,5 +1,4 @@
 """Run outputs: atomic dumps, metrics truncation on resume, checkpoints, reference questions."""
-import json
 import random
 
 import numpy as np
@@ -11,7 +10,6 @@ from coevo.orchestrate.loop import step_seed
 from coevo.orchestrate.outputs import (
     MetricsLog,
     drop_dumps_after,
-    load_reference_questions,
     read_jsonl,
     write_task_dump,
 )
@@ -104,19 +102,6 @@ def test_atomic_dir_replaces_existing(tmp_path):
     with atomic_dir(target) as t:
         (t / "b").write_text("2")
     assert sorted(p.name for p in target.iterdir()) == ["b"]
-
-
-def test_reference_questions_formats(tmp_path):
-    assert len(load_reference_questions(None)) >= 50
-    txt = tmp_path / "q.txt"
-    txt.write_text("who is a?\n\nwhat is b?\n")
-    assert load_reference_questions(str(txt)) == ["who is a?", "what is b?"]
-    jl = tmp_path / "q.jsonl"
-    jl.write_text(json.dumps({"question": "x?"}) + "\n" + json.dumps({"q": 1}) + "\n")
-    with pytest.raises(ValueError, match=r"q\.jsonl:2: expected an object with a string 'question'"):
-        load_reference_questions(str(jl))
-    with pytest.raises(FileNotFoundError, match="run.reference_questions"):
-        load_reference_questions(str(tmp_path / "missing.txt"))
 
 
 def test_cursor_cycles_and_seeds_differ():

@@ -1,10 +1,11 @@
 """Benchmark (not a test): does co-evolution learn? A trained arm against a frozen control (issue 11).
 
     .venv/bin/python bench/learning.py [--steps 4] [--eval-limit 2] [--out DIR] [--png FILE] [--ray]
-        [--seed 0] [--arm-timeout S] [--eval-arg KEY=VALUE ...] [-- HYDRA_OVERRIDES...]
+        [--seed 0] [--arm-timeout S] [--parallel] [--eval-arg KEY=VALUE ...] [-- HYDRA_OVERRIDES...]
     .venv/bin/python bench/learning.py --steps 2 --eval-limit 1 -- experiment=smoke   # tiny models, minutes
 
-Runs `python -m coevo.run` twice, one arm after the other, with the same seed, data and
+Runs `python -m coevo.run` twice, one arm after the other (`--parallel`: both at once, each
+arm then its eval), with the same seed, data and
 overrides (those after `--`, e.g. `ranker.prime_tag=true`): `trained`, and `control` with every
 policy frozen (`proposer.frozen=true solver.frozen=true ranker.frozen=true`). Each arm is a
 subprocess (`ray.local=true` unless `--ray`), so its processes are gone when it ends; its run
@@ -316,6 +317,8 @@ def parse_args(argv: Sequence[str]) -> argparse.Namespace:
     parser.add_argument("--ray", action="store_true", help="run the roles as Ray actors (default ray.local=true)")
     parser.add_argument("--seed", type=int, default=0)
     parser.add_argument("--arm-timeout", type=float, default=None, help="seconds per run and per eval")
+    parser.add_argument("--parallel", action="store_true",
+                        help="run the two arms (and their evals) at the same time instead of one after the other")
     args = parser.parse_args(argv[:cut])
     args.overrides = argv[cut + 1:]
     if args.steps < 1 or args.eval_limit < 0:
@@ -352,13 +355,28 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
         mode = ranker_mode(args.overrides)
     except Exception as e:  # a bad override: both arms would fail the same way
         mode, result["error"] = "none", f"overrides do not compose: {e}"
-    for arm in ARMS:
-        if "error" in result:
-            break
-        result["arms"][arm] = run_arm(arm, args, args.out)
-        _write({**result, "wall_s": round(time.perf_counter() - t0, 1)}, args.out)
-        result["arms"][arm]["eval"] = evaluate_arm(arm, args, args.out, mode) if args.eval_limit else None
-        _write({**result, "wall_s": round(time.perf_counter() - t0, 1)}, args.out)
+    lock = threading.Lock()
+
+    def arm_job(arm: str) -> None:
+        arm_result = run_arm(arm, args, args.out)
+        with lock:
+            result["arms"][arm] = arm_result
+            _write({**result, "wall_s": round(time.perf_counter() - t0, 1)}, args.out)
+        arm_result["eval"] = evaluate_arm(arm, args, args.out, mode) if args.eval_limit else None
+        with lock:
+            _write({**result, "wall_s": round(time.perf_counter() - t0, 1)}, args.out)
+
+    if "error" not in result:
+        if args.parallel:  # both arms at once: each is one process, so two cores serve one arm each
+            jobs = [threading.Thread(target=arm_job, args=(arm,), name=arm) for arm in ARMS]
+            for job in jobs:
+                job.start()
+            for job in jobs:
+                job.join()
+            result["arms"] = {arm: result["arms"][arm] for arm in ARMS if arm in result["arms"]}
+        else:
+            for arm in ARMS:
+                arm_job(arm)
     try:
         plot(result["arms"], args.png, result["command"])
     except Exception as e:  # the numbers matter more than the picture

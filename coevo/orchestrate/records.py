@@ -48,4 +48,30 @@ def step_metrics(cands: Sequence[Candidate], episodes: Sequence[Episode], groups
         "ranker": {"calls": len(calls), "format_valid": mean([float(c.format_ok) for c in calls]),
                    "i_ans": mean([float(c.i_ans) for c in calls]), **hits,
                    "group_sizes": dict(Counter(len(g) for g in groups))},
+        "groups": solver_group_shares(episodes),
+        "rejection": rejection_rates(cands),
+        "multi_hop_share": _rate(sum(1 for c in accepted if c.path is not None and len(c.path) >= 2), len(accepted)),
     }
+
+
+def solver_group_shares(episodes: Sequence[Episode]) -> dict[str, Optional[float]]:
+    """Shares of solver groups (one task's rollouts) whose correctness is mixed / all >= 1 / all <= 0
+    (ZEST's analysis of the difficulty reward: a group without variance teaches nothing)."""
+    by_task: dict[str, list[float]] = {}
+    for ep in episodes:
+        by_task.setdefault(ep.task_id, []).append(ep.correctness)
+    n = len(by_task)
+    all_correct = sum(1 for v in by_task.values() if min(v) >= 1)
+    all_wrong = sum(1 for v in by_task.values() if max(v) <= 0)
+    return {"n": n, "mixed": _rate(n - all_correct - all_wrong, n), "all_correct": _rate(all_correct, n),
+            "all_wrong": _rate(all_wrong, n)}
+
+
+def rejection_rates(cands: Sequence[Candidate]) -> dict[str, Optional[float]]:
+    """Validity: parsed targets rejected by target validation; leakage: parsed questions rejected
+    for naming the target (`leaks_target`, `leaks_target_token`)."""
+    parsed_targets = [c for c in cands if c.target is not None]
+    parsed_questions = [c for c in cands if c.question is not None]
+    invalid = sum(1 for c in parsed_targets if not c.target_verdict.ok)
+    leaked = sum(1 for c in parsed_questions if c.reason.startswith("leaks_target"))
+    return {"validity": _rate(invalid, len(parsed_targets)), "leakage": _rate(leaked, len(parsed_questions))}

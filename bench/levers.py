@@ -146,7 +146,7 @@ def main() -> None:
         extra = PROPOSER_ARMS[arm]
         cfg = to_object(compose(base + extra))
         out["proposer"][arm] = {"overrides": extra, **proposer_arm(actors, cfg, references, args.seed)}
-        print(f"proposer {arm}: {json.dumps(out['proposer'][arm])[:300]}", file=sys.stderr, flush=True)
+        print(f"proposer {arm}: {json.dumps(out['proposer'][arm])}", file=sys.stderr, flush=True)
     dev = Path(os.environ.get("COEVO_SHARED_DATA", _ROOT.parent / "shared" / "data")) / "benchmarks" / "dev.jsonl"
     rows = read_jsonl(dev)[: args.ranker_questions]
     for arm in args.ranker_arms:

@@ -70,6 +70,7 @@ RANKER_ARMS: dict[str, list[str]] = {
     "prime_tag": ["ranker.prime_tag=true"],
     "no_reasoning": ["ranker.reasoning=false"],
     "no_reasoning+prime_tag": ["ranker.reasoning=false", "ranker.prime_tag=true"],
+    "no_reasoning+prime_tag+line_stop": ["ranker.reasoning=false", "ranker.prime_tag=true", "ranker.line_stop=true"],
 }
 STAGES = ("target_parsed", "target_valid", "path", "question_parsed", "accepted")
 

@@ -242,8 +242,16 @@ class Ranker:
         return self.cfg.mode in ("trainable", "frozen")
 
     def sampling(self) -> SamplingParams:
+        stop = [RERANK_STOP, "\n"] if self.cfg.line_stop else [RERANK_STOP]
         return SamplingParams(temperature=self.cfg.temperature, top_p=self.cfg.top_p,
-                              max_new_tokens=self.cfg.max_new_tokens, stop=[RERANK_STOP], n=1)
+                              max_new_tokens=self.cfg.max_new_tokens, stop=stop, n=1)
+
+    def _line_closed(self, text: str, finish_reason: str) -> str:
+        """`ranker.line_stop`: a ranking the engine stopped at a line break ends there and is closed,
+        as the proposer's question is at its "?"; the parser stays as strict (count, range, syntax)."""
+        if not self.cfg.line_stop or finish_reason != "stop" or RERANK_STOP in text or "\n" not in text:
+            return text
+        return text[: text.index("\n")] + RERANK_STOP
 
     def rank(self, requests: Sequence[SearchRequest],
              candidates: Sequence[Sequence[PassageLike]]) -> list[RankerCall]:
@@ -293,7 +301,8 @@ class Ranker:
                           i_ans=any(relevant), relevant=relevant)
 
     def _apply_completion(self, call: RankerCall, prompt: list[int], completion: Any) -> None:
-        text = self._primed() + strip_eos(completion.text, getattr(self.policy, "tokenizer", None))
+        text = self._line_closed(self._primed() + strip_eos(completion.text, getattr(self.policy, "tokenizer", None)),
+                                 completion.finish_reason)
         indices, reason = parse_rerank(text, len(call.candidate_ids), self._k(len(call.candidate_ids)),
                                        self.cfg.reasoning)
         # The engine's prompt_ids are what it conditioned on (a policy may left-truncate long prompts).

@@ -188,6 +188,7 @@ class RankerConfig(PolicyConfig):
     format_penalty: float = 0.2  # alpha: reward -alpha for a malformed ranking
     reasoning: bool = True  # output <reason>…</reason> before <rerank>; false: <rerank> only (small models)
     prime_tag: bool = False  # the prompt ends with the output's opening tag (<reason>, or <rerank> without reasoning)
+    line_stop: bool = False  # reasoning=false: the ranking ends at its first line break (small models, not CoSearch)
 
 
 @dataclass
@@ -311,6 +312,8 @@ def validate_config(cfg: CoevoConfig) -> None:
     Call after `resolve_frozen`: whether a role trains decides its minimum group size.
     """
     check_ranges(cfg)
+    if cfg.ranker.line_stop and cfg.ranker.reasoning:
+        raise ValueError("config key ranker.line_stop=true needs ranker.reasoning=false (a reason block spans lines)")
     if cfg.ranker.top_k > cfg.ranker.n_candidates:
         raise ValueError(
             f"config key ranker.top_k={cfg.ranker.top_k} exceeds ranker.n_candidates="

@@ -5,7 +5,7 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from coevo.core.config import RankerConfig, SolverConfig
+from coevo.core.config import RankerConfig, SolverConfig, compose, to_object
 from solver.ranker import (
     Ranker,
     SearchRequest,
@@ -274,3 +274,26 @@ def test_ranker_policy_config():
     assert ranker_policy_config(separate, solver_cfg) is separate
     frozen_solver = SolverConfig(preset="s", model="solver-model", frozen=True)
     assert ranker_policy_config(_cfg(mode="frozen", share_backbone=True), frozen_solver) is None
+
+
+@pytest.mark.parametrize("reply,ok,reason,chosen", [
+    ("[3] > [2]\nBecause doc 3 says so.", True, "ok", ["p3", "p2"]),  # stopped at the line break, closed there
+    ("[3] > [9]\nmore", False, "index_out_of_range", ["p0", "p2"]),  # the parser stays strict
+    ("[3]\n> [2]", False, "wrong_count", ["p0", "p2"]),
+    ("[3] > [2]</rerank>\n", True, "ok", ["p3", "p2"]),  # the closing tag came first
+])
+def test_line_stop_ends_the_ranking_at_its_line_break(make_tool, reply, ok, reason, chosen):
+    tool, policy, _ = make_tool("trainable", lambda p, o: reply, prime_tag=True, reasoning=False, line_stop=True)
+    (result,) = tool.search([REQ])
+    call = result.call
+    assert (call.format_ok, call.reason, call.chosen_ids) == (ok, reason, chosen)
+    assert policy.tokenizer.decode(call.completion_ids) in reply  # what was sampled is what is trained
+    # without the lever the same reply is unclosed
+    plain, _, _ = make_tool("trainable", lambda p, o: reply, prime_tag=True, reasoning=False)
+    (res,) = plain.search([REQ])
+    assert res.call.format_ok == ("</rerank>" in reply)
+
+
+def test_line_stop_needs_the_no_reasoning_format():
+    with pytest.raises(ValueError, match="ranker.line_stop=true needs ranker.reasoning=false"):
+        to_object(compose(["experiment=smoke", "ranker.line_stop=true"]))

@@ -106,8 +106,9 @@ class RetrievalWorker:
 class EvidenceWorker:
     """Actor body holding spaCy, the entity index and its own retriever (loaded from cache)."""
 
-    def __init__(self, cfg: CoevoConfig) -> None:
-        _limit_threads(1)
+    def __init__(self, cfg: CoevoConfig, own_process: bool = True) -> None:
+        if own_process:  # in the driver (`ray.local=true`) the policies need every thread
+            _limit_threads(1)
         corpus = load_corpus(corpus_source(cfg.corpus))
         retriever = build_retriever(corpus, cfg.retrieval.backend, cfg.retrieval.cache_dir)
         self.pipeline = EvidencePipeline.from_config(corpus, retriever, cfg.evidence,
@@ -300,5 +301,5 @@ def create_local_actors(cfg: CoevoConfig, with_proposer: bool = True) -> Actors:
     trainable = {r: p for r, p in (("proposer", proposer), ("solver", solver)) if p is not None and not p.frozen}
     if ranker is not None and ranker is not solver and not ranker.frozen:
         trainable["ranker"] = ranker
-    evidence = EvidenceWorker(cfg) if with_proposer else None
+    evidence = EvidenceWorker(cfg, own_process=False) if with_proposer else None
     return Actors(proposer, solver, ranker, retriever, evidence, trainable)  # type: ignore[arg-type]

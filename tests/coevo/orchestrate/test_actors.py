@@ -5,6 +5,7 @@ import torch
 
 from coevo.core.config import compose, to_object
 from coevo.core.types import TrainSequence
+from coevo.orchestrate import actors as actors_mod
 from coevo.orchestrate.actors import create_local_actors
 from solver.ranker import build_ranker
 
@@ -28,3 +29,19 @@ def test_frozen_shared_backbone_ranker_does_not_drift(tmp_path):
     assert not result.get("skipped")
     assert any(not torch.equal(a, b) for a, b in zip(start, solver.model.parameters()))  # the solver moved
     assert all(torch.equal(a, b) for a, b in zip(start, ranker.model.parameters()))  # the ranker did not
+
+
+def test_evidence_body_limits_threads_only_in_its_own_process(monkeypatch):
+    monkeypatch.setattr(actors_mod, "load_corpus", lambda source: None)
+    monkeypatch.setattr(actors_mod, "build_retriever", lambda *a, **k: None)
+    monkeypatch.setattr(actors_mod.EvidencePipeline, "from_config", classmethod(lambda cls, *a, **k: "pipeline"))
+    cfg = to_object(compose(["experiment=smoke"]))
+    before = torch.get_num_threads()
+    try:
+        torch.set_num_threads(2)
+        assert actors_mod.EvidenceWorker(cfg, own_process=False).pipeline == "pipeline"
+        assert torch.get_num_threads() == 2  # the driver's policies keep their threads (ray.local=true)
+        actors_mod.EvidenceWorker(cfg)
+        assert torch.get_num_threads() == 1  # an actor takes its one core
+    finally:
+        torch.set_num_threads(before)

@@ -33,14 +33,15 @@ def _renamed(record: dict, names: dict[str, str]) -> dict:
 def normalize_record(record: dict) -> dict:
     """A task-dump record under the current key names (README "Outputs"), whatever version wrote it.
 
-    Older dumps also wrote parse-failure and pending verdicts as just `ok` and `reason`.
+    Older dumps also wrote parse-failure and pending verdicts as just `ok` and `reason`, and
+    had no `grounding_titles` (no grounding then: an empty list).
     """
     rollouts = [{**_renamed(ro, OLD_ROLLOUT_KEYS),
                  "ranker_calls": [_renamed(c, OLD_RANKER_CALL_KEYS) for c in ro.get("ranker_calls") or []]}
                 for ro in record.get("rollouts") or []]
     verdicts = {k: {"evidence": [], "detail": "", **record[k]} for k in ("target_verdict", "question_verdict")
                 if isinstance(record.get(k), dict)}
-    return {**record, **verdicts, "rollouts": rollouts}
+    return {"grounding_titles": [], **record, **verdicts, "rollouts": rollouts}
 
 
 def _check_structure(rec: dict, where: str) -> None:

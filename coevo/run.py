@@ -76,8 +76,10 @@ def train(cfg: CoevoConfig, dcfg: DictConfig) -> Path:
     questions = load_reference_questions(cfg.run.reference_questions)
     random.seed(cfg.seed)
     t0 = time.perf_counter()
+    # Before the actors: a logger that cannot start (run.logger=wandb, not installed) fails in seconds.
+    metrics = MetricsLog(run_dir, cfg.run.logger, cfg.run.wandb_project,
+                         OmegaConf.to_container(dcfg, resolve=True, enum_to_str=True))
     actors = create_local_actors(cfg) if cfg.ray.local else create_actors(cfg)
-    metrics = MetricsLog(run_dir)
     start, cursor = _resume_point(cfg, run_dir, actors, metrics)
     print(f"actors ready in {time.perf_counter() - t0:.1f}s; {len(questions)} reference questions; "
           f"steps {start}..{cfg.run.steps - 1}; run dir {run_dir}", flush=True)

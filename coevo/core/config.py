@@ -104,6 +104,14 @@ class Untagged(StrEnum):
     raw = "raw"
 
 
+class Logger(StrEnum):
+    """Where a run's per-step metrics go besides metrics.jsonl."""
+
+    tensorboard = "tensorboard"  # event files in <run.dir>/tensorboard
+    wandb = "wandb"  # Weights & Biases (optional package); offline unless WANDB_MODE is set
+    none = "none"  # metrics.jsonl only
+
+
 @dataclass
 class PolicyConfig:
     """One policy (proposer, solver or ranker): its model and how it is trained."""
@@ -232,6 +240,8 @@ class RunConfig:
     save_every: int = 1  # checkpoint period in steps (and always at the end)
     reference_questions: Optional[str] = None  # file of reference questions (default: bundled)
     memory_check: bool = True  # refuse to start when the peak RAM estimate exceeds MemAvailable (train/memory.py)
+    logger: Logger = Logger.tensorboard  # metrics also go to: tensorboard | wandb | none
+    wandb_project: str = "coevo"  # Weights & Biases project of run.logger=wandb (run name: run.dir's name)
 
 
 @dataclass

@@ -1,4 +1,4 @@
-"""What a run writes for its user (SPEC §6): task dumps, metrics.jsonl, TensorBoard, config.
+"""What a run writes for its user (SPEC §6): task dumps, metrics.jsonl, TensorBoard or W&B, config.
 
 Task dumps are written whole and atomically per step; metrics.jsonl gets one line per step.
 On resume, lines and dumps of steps after the checkpoint are dropped (atomically), so a
@@ -21,6 +21,7 @@ from coevo.core.io import (
     step_name,
     step_of,
 )
+from coevo.orchestrate.loggers import open_logger
 
 
 def dump_path(run_dir: Path, step: int) -> Path:
@@ -51,24 +52,20 @@ def _finite(x: Any) -> Any:
 
 
 class MetricsLog:
-    """metrics.jsonl (one line per step) plus TensorBoard scalars of every numeric leaf."""
+    """metrics.jsonl (one line per step) plus every numeric leaf to the `run.logger` (loggers.py)."""
 
-    def __init__(self, run_dir: Path, tensorboard: bool = True) -> None:
+    def __init__(self, run_dir: Path, logger: str = "tensorboard", project: str = "coevo",
+                 config: Optional[dict[str, Any]] = None) -> None:
         self.path = Path(run_dir) / "metrics.jsonl"
-        self.writer = None
-        if tensorboard:
-            from torch.utils.tensorboard import SummaryWriter
-
-            self.writer = SummaryWriter(log_dir=str(Path(run_dir) / "tensorboard"))
+        self.writer = open_logger(logger, Path(run_dir), project, config)
 
     def log(self, step: int, metrics: dict[str, Any]) -> None:
         record = _finite({"step": step, **metrics})
         append_jsonl(self.path, record)
         if self.writer is not None:
-            for key, value in _flatten(record).items():
-                if isinstance(value, (int, float)) and not isinstance(value, bool) and key != "step":
-                    self.writer.add_scalar(key, value, step)
-            self.writer.flush()
+            self.writer.log({key: value for key, value in _flatten(record).items()
+                             if isinstance(value, (int, float)) and not isinstance(value, bool) and key != "step"},
+                            step)
 
     def truncate_after(self, step: int) -> None:
         """Drop lines of steps > `step` (they belong to a step that will be re-run)."""

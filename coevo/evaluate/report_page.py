@@ -232,12 +232,12 @@ def compare_page(runs: Sequence[RunData]) -> str:
 
 def format_compare(runs: Sequence[RunData]) -> str:
     """The last-quarter table and each run's funnel totals, for the terminal."""
-    labels = [run.label for run in runs]
-    width = max(len(t) for t, *_ in last_quarter_rows(runs))
-    lines = ["== last-quarter means ==", f"  {'':<{width}}  " + "  ".join(f"{x:>12}" for x in labels)]
-    lines += [f"  {row[0]:<{width}}  " + "  ".join(f"{fmt(number(v)):>12}" for v in row[1:])
-              for row in last_quarter_rows(runs)]
+    rows = last_quarter_rows(runs)
+    width = max(len(str(row[0])) for row in rows)
+    cols = [max(12, len(run.label)) for run in runs]
+    line = lambda name, cells: f"  {name:<{width}}  " + "  ".join(f"{c:>{w}}" for c, w in zip(cells, cols))  # noqa: E731
+    lines = ["== last-quarter means ==", line("", [run.label for run in runs])]
+    lines += [line(row[0], [fmt(number(v)) for v in row[1:]]) for row in rows]
     lines.append("== acceptance funnel (all steps) ==")
-    for key, name, _ in FUNNEL:
-        lines.append(f"  {name:<{width}}  " + "  ".join(f"{run.total_funnel[key]:>12}" for run in runs))
+    lines += [line(name, [str(run.total_funnel[key]) for run in runs]) for key, name, _ in FUNNEL]
     return "\n".join(lines)

@@ -17,6 +17,7 @@ from __future__ import annotations
 import math
 from collections import Counter
 from dataclasses import dataclass
+from functools import cached_property
 from pathlib import Path
 from typing import Any, Callable, Optional, Sequence
 
@@ -152,7 +153,7 @@ def accuracy_bin(a: float, exact: bool) -> str:
     """Histogram label of an accuracy: the value itself (k/G of EM rollouts) or its tenth (F1)."""
     if exact:
         return f"{a:.2f}"
-    lo = min(math.floor(a * 10), 9) / 10
+    lo = min(math.floor(min(max(a, 0.0), 1.0) * 10), 9) / 10  # outside [0, 1] (hand-edited): the end bins
     return f"{lo:.1f}{DECILE_SEP}{lo + 0.1:.1f}"
 
 
@@ -194,14 +195,14 @@ class RunData:
     accuracies: dict[int, list[float]]
     hops: dict[int, list[int]]
 
-    @property
+    @cached_property
     def total_funnel(self) -> dict[str, int]:
         return funnel(self.records)
 
 
-def run_data(run_dir: Path, label_: Optional[str] = None, step: Optional[int] = None) -> RunData:
+def run_data(run_dir: Path, name: Optional[str] = None, step: Optional[int] = None) -> RunData:
     """Load a run directory (`load_run`; `step` keeps one step's dump) and compute its per-step views."""
     records, metrics = load_run(Path(run_dir), step)
-    return RunData(label_ or Path(run_dir).name or str(run_dir), Path(run_dir), records, metrics,
+    return RunData(name or Path(run_dir).name or str(run_dir), Path(run_dir), records, metrics,
                    extract_series(metrics, records), step_funnels(records), step_reasons(records),
                    step_accuracies(records), step_hops(records))

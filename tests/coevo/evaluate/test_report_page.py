@@ -16,8 +16,10 @@ from hypothesis import strategies as st
 from coevo.evaluate.report_page import compare_page, run_page
 from coevo.evaluate.series import (
     RunData,
+    accuracy_bins,
     extract_series,
     funnel,
+    histogram,
     last_quarter,
     run_data,
     step_accuracies,
@@ -25,6 +27,7 @@ from coevo.evaluate.series import (
     step_hops,
     step_reasons,
 )
+from coevo.evaluate.svg import bar_chart, line_chart
 from coevo.inspect import main
 
 HOSTILE = '<script>alert("x")</script><img src=http://evil.example/x.png>'
@@ -201,6 +204,25 @@ def test_last_quarter_means_the_last_ceil_n_over_4_steps():
     assert last_quarter([1, 2, 3, 4, 5]) == 4.5  # ceil(5 / 4) = 2 steps
     assert last_quarter([0.25]) == 0.25
     assert last_quarter([]) is None and last_quarter([1.0, None]) is None and last_quarter(["x"]) is None
+
+
+def test_difficulty_bins_are_exact_for_em_and_tenths_for_f1():
+    assert accuracy_bins([0.5, 0.5, 1 / 3]) == ["0.33", "0.50"]
+    assert histogram([0.5, 0.5, 1 / 3], ["0.33", "0.50"]) == [1, 2]
+    f1 = [0.05, 0.15, 0.31, 0.33, 0.37, 0.41, 0.52, 0.63, 0.71, 0.84, 0.95, 1.0]  # 12 distinct values
+    bins = accuracy_bins(f1)
+    assert bins[0] == "0.0\u20130.1" and bins[-1] == "0.9\u20131.0" and len(bins) == 10
+    assert histogram(f1, bins) == [1, 1, 0, 3, 1, 1, 1, 1, 1, 2]
+
+
+def test_charts_leave_gaps_and_say_when_empty():
+    svg = line_chart("t", [("a", [0, 1, 2, 3], [1.0, None, 2.0, 3.0])])
+    assert svg.count("<polyline") == 1 and svg.count("<circle") == 3  # step 0 alone, then steps 2-3 joined
+    chart = Page(svg).charts["t"]
+    assert chart == ["a step 0: 1", "a step 2: 2", "a step 3: 3"]
+    assert "no data (null every step)" in line_chart("t", [("a", [0, 1], [None, "x"])])
+    bars = Page(bar_chart("b", ["x", "y"], [("r1", [2, 0]), ("r2", [1, None])])).charts["b"]
+    assert bars == ["r1 x: 2", "r2 x: 1", "r1 y: 0", "r2 y: -"]
 
 
 def _render(argv: list[str], out: Path) -> tuple[Page, str]:

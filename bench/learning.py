@@ -72,76 +72,18 @@ _ROOT = Path(__file__).resolve().parents[1]
 sys.path[:] = [str(_ROOT)] + [p for p in sys.path if Path(p or ".").resolve() != _ROOT / "bench"]
 
 from coevo.core.io import atomic_write_text  # noqa: E402
-from coevo.evaluate.report import hop_count, load_run  # noqa: E402
+from coevo.evaluate.report import load_run  # noqa: E402
+from coevo.evaluate.series import extract_series  # noqa: E402  (the per-step series, shared with coevo.inspect)
 from coevo.train.checkpoint import latest_checkpoint  # noqa: E402
 
 ARMS = ("trained", "control")
 FROZEN = ["proposer.frozen=true", "solver.frozen=true", "ranker.frozen=true"]
-# series name -> path of keys in a metrics.jsonl line (coevo.orchestrate.records.step_metrics)
-METRIC_KEYS: dict[str, tuple[str, ...]] = {
-    "steps": ("step",), "candidates": ("candidates",), "accepted": ("accepted",),
-    "task_acceptance": ("acceptance", "task"), "target_acceptance": ("acceptance", "target"),
-    "path_acceptance": ("acceptance", "path"), "reasons": ("reasons",),
-    "proposer_reward": ("reward", "proposer"), "solver_reward": ("reward", "solver"),
-    "ranker_reward": ("reward", "ranker"), "solver_format_valid": ("solver", "format_valid"),
-    "accuracy": ("solver", "accuracy"), "mean_searches": ("solver", "mean_searches"),
-    "ranker_calls": ("ranker", "calls"), "ranker_format_valid": ("ranker", "format_valid"),
-    "hit@1": ("ranker", "hit@1"), "hit@3": ("ranker", "hit@3"),
-}
 PANELS = [("task_acceptance", "task acceptance"), ("solver_format_valid", "solver format-valid"),
           ("ranker_format_valid", "ranker format-valid"), ("proposer_reward", "proposer reward"),
           ("solver_reward", "solver reward"), ("mixed_groups", "mixed solver groups (share)")]
 
 
-# ---- series (pure) --------------------------------------------------------------------------
-
-def _at(record: Any, keys: Sequence[str]) -> Any:
-    for key in keys:
-        if not isinstance(record, dict):
-            return None
-        record = record.get(key)
-    return record
-
-
-def group_shares(records: Sequence[dict]) -> dict[str, Any]:
-    """Solver groups of one step's dump (accepted tasks with rollouts): count and mixed/all-correct/all-wrong shares."""
-    groups = [[float(ro.get("correctness") or 0.0) for ro in r.get("rollouts") or []]
-              for r in records if r.get("accepted")]
-    groups = [g for g in groups if g]
-    n = len(groups)
-    correct = sum(1 for g in groups if all(c >= 1.0 for c in g))
-    wrong = sum(1 for g in groups if all(c <= 0.0 for c in g))
-    share = (lambda k: k / n if n else None)  # noqa: E731
-    return {"solver_groups": n, "mixed_groups": share(n - correct - wrong),
-            "all_correct_groups": share(correct), "all_wrong_groups": share(wrong)}
-
-
-def update_sizes(metrics_line: dict) -> dict[str, int]:
-    """{role: sequences in its GRPO update}: 0 for a skipped (frozen or empty) update."""
-    updates = metrics_line.get("update") or {}
-    return {role: 0 if u.get("skipped") else int(u.get("n_seqs") or 0) for role, u in updates.items()}
-
-
-def extract_series(metrics: Sequence[dict], records: Sequence[dict]) -> dict[str, list]:
-    """Per-step series of one run: `metrics` = its metrics.jsonl lines, `records` = its dump
-    records each with its `step` (as `coevo.evaluate.report.load_run` returns them)."""
-    lines = sorted(metrics, key=lambda m: m.get("step", -1))
-    by_step: dict[int, list[dict]] = {}
-    for r in records:
-        by_step.setdefault(r.get("step", -1), []).append(r)
-    series: dict[str, list] = {name: [_at(m, keys) for m in lines] for name, keys in METRIC_KEYS.items()}
-    series["reasons"] = [r or {} for r in series["reasons"]]
-    shares = [group_shares(by_step.get(m.get("step", -1), [])) for m in lines]
-    for key in ("solver_groups", "mixed_groups", "all_correct_groups", "all_wrong_groups"):
-        series[key] = [s[key] for s in shares]
-    series["accepted_hops"] = [[h for r in by_step.get(m.get("step", -1), [])
-                                if r.get("accepted") and (h := hop_count(r)) is not None] for m in lines]
-    series["updates"] = [update_sizes(m) for m in lines]
-    series["zero_var_groups"] = [{role: u.get("zero_var_groups") for role, u in (m.get("update") or {}).items()}
-                                 for m in lines]
-    series["step_s"] = [round(sum((m.get("time_s") or {}).values()), 3) for m in lines]
-    return series
-
+# ---- eval summary (pure) -------------------------------------------------------------------
 
 def eval_summary(result: dict) -> dict[str, Any]:
     """The macro-averaged numbers of a coevo.eval result."""

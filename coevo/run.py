@@ -137,12 +137,15 @@ def train(cfg: CoevoConfig, dcfg: DictConfig) -> Path:
             print(f"run.reference_questions: {report.message()}", flush=True)
         random.seed(cfg.seed)
         t0 = time.perf_counter()
-        actors = create_local_actors(cfg) if cfg.ray.local else create_actors(cfg)
-        start, cursor = _restore(ckpt, run_dir, actors)
-        metrics = MetricsLog(run_dir, start=start)
-        print(f"actors ready in {time.perf_counter() - t0:.1f}s; {len(questions)} reference questions; "
-              f"steps {start}..{cfg.run.steps - 1}; run dir {run_dir}", flush=True)
+        # Before the actors: a logger that cannot start (run.logger=wandb, not installed) fails in seconds.
+        metrics = MetricsLog(run_dir, cfg.run.logger, cfg.run.wandb_project,
+                             OmegaConf.to_container(dcfg, resolve=True, enum_to_str=True),
+                             start=read_state(ckpt)["step"] + 1 if ckpt is not None else 0)
         try:
+            actors = create_local_actors(cfg) if cfg.ray.local else create_actors(cfg)
+            start, cursor = _restore(ckpt, run_dir, actors)
+            print(f"actors ready in {time.perf_counter() - t0:.1f}s; {len(questions)} reference questions; "
+                  f"steps {start}..{cfg.run.steps - 1}; run dir {run_dir}", flush=True)
             _loop(cfg, run_dir, actors, questions, metrics, start, cursor)
         finally:
             metrics.close()

@@ -107,6 +107,14 @@ class Untagged(StrEnum):
     raw = "raw"
 
 
+class Logger(StrEnum):
+    """Where a run's per-step metrics go besides metrics.jsonl."""
+
+    tensorboard = "tensorboard"  # event files in <run.dir>/tensorboard
+    wandb = "wandb"  # Weights & Biases (optional package); offline unless WANDB_MODE is set
+    none = "none"  # metrics.jsonl only
+
+
 @dataclass
 class PolicyConfig:
     """One policy (proposer, solver or ranker): its model and how it is trained."""
@@ -237,6 +245,8 @@ class RunConfig:
     reference_questions: Optional[str] = None  # file of reference questions (default: bundled)
     memory_check: bool = True  # refuse to start when the peak RAM estimate exceeds MemAvailable (train/memory.py)
     overwrite: bool = False  # delete what a non-empty run.dir holds and start over (without it: refused unless resume)
+    logger: Logger = Logger.tensorboard  # metrics also go to: tensorboard | wandb | none
+    wandb_project: str = "coevo"  # Weights & Biases project of run.logger=wandb (run name: run.dir's name)
 
 
 @dataclass

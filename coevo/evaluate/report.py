@@ -1,22 +1,20 @@
 """Run inspection behind `python -m coevo.inspect <run_dir>`: audit a run's curriculum from its dumps (SPEC §6).
 
-Terminal summary: acceptance per stage with reason-code counts, accuracy (difficulty) and
-hop histograms, searches per solved task, reward trends, example tasks. Filters: --step,
---verdict, --reason, --hops. `--html out.html` writes a self-contained report with plots.
-Reads runs that are still going or were killed (torn last lines are skipped).
+Loading (`load_run`: task dumps and metrics lines, old dump keys renamed), filters and the
+terminal summary: acceptance per stage with reason-code counts, accuracy (difficulty) and
+hop histograms, searches per solved task, reward trends, example tasks. Reads runs that are
+still going or were killed (torn last lines are skipped). The HTML pages are
+`coevo.evaluate.report_page`, their per-step series `coevo.evaluate.series`.
 """
 from __future__ import annotations
 
-import base64
-import html
-import io
 import json
 import math
 from collections import Counter
 from pathlib import Path
 from typing import Any, Optional
 
-from coevo.core.io import atomic_write_text, iter_jsonl, step_of
+from coevo.core.io import iter_jsonl, step_of
 from coevo.core.stats import mean
 
 # Keys of older task dumps that were renamed when each record type got one serialization
@@ -95,7 +93,7 @@ def number(x: Any) -> Optional[float]:
     return float(x)
 
 
-def _label(x: Any) -> str:
+def label(x: Any) -> str:
     """A dump value as a histogram key (a hand-edited dump may hold any JSON there)."""
     return x if isinstance(x, str) else json.dumps(x)
 
@@ -127,8 +125,8 @@ def summarize(records: list[dict]) -> dict[str, Any]:
     counted in `accuracy_invalid`.
     """
     n = len(records)
-    stages = Counter(_label(r.get("stage", "?")) for r in records)
-    reasons = Counter(_label(r.get("reason", "?")) for r in records if not r.get("accepted"))
+    stages = Counter(label(r.get("stage", "?")) for r in records)
+    reasons = Counter(label(r.get("reason", "?")) for r in records if not r.get("accepted"))
     accepted = [r for r in records if r.get("accepted")]
     accuracies = [r["accuracy"] for r in accepted if r.get("accuracy") is not None]
     acc_hist = Counter(round(a, 2) for x in accuracies if (a := number(x)) is not None)
@@ -191,58 +189,3 @@ def _fmt(x: Any) -> str:
 
 def _dict(x: Any) -> dict:
     return x if isinstance(x, dict) else {}
-
-
-def _plot_png(metrics: list[dict]) -> str:
-    """Base64 PNG of rewards and acceptance over steps (empty string without metrics)."""
-    if not metrics:
-        return ""
-    import matplotlib
-
-    matplotlib.use("Agg")
-    import matplotlib.pyplot as plt
-
-    # Only numbers are plotted (NaN leaves a gap): a metrics line may hold anything after a hand edit.
-    steps = [nan_if_none(number(m.get("step"))) for m in metrics]
-    fig, axes = plt.subplots(1, 2, figsize=(10, 3.5))
-    for role in ("proposer", "solver", "ranker"):
-        axes[0].plot(steps, [nan_if_none(number(_dict(m.get("reward")).get(role))) for m in metrics], marker="o",
-                     label=role)
-    axes[0].set_title("mean reward")
-    axes[0].legend()
-    for key in ("target", "path", "task"):
-        axes[1].plot(steps, [nan_if_none(number(_dict(m.get("acceptance")).get(key))) for m in metrics], marker="o",
-                     label=key)
-    axes[1].set_title("acceptance rate by stage")
-    axes[1].legend()
-    for ax in axes:
-        ax.set_xlabel("step")
-    buf = io.BytesIO()
-    fig.tight_layout()
-    fig.savefig(buf, format="png")
-    plt.close(fig)
-    return base64.b64encode(buf.getvalue()).decode()
-
-
-def nan_if_none(x: Optional[float]) -> float:
-    return math.nan if x is None else x
-
-
-def _cell(x: Any) -> str:
-    return f"<td>{html.escape(str(x), quote=True)}</td>"
-
-
-def write_html(out: Path, run_dir: Path, text: str, metrics: list[dict], records: list[dict]) -> None:
-    """Self-contained HTML: summary text, an inline plot, and a table of tasks."""
-
-    png = _plot_png(metrics)
-    # Every cell is escaped: dump values are model output or hand-made, never trusted markup.
-    rows = "".join("<tr>" + "".join(_cell(x) for x in (
-        r.get("step"), r.get("reference_question"), r.get("target"), r.get("question"), r.get("reason"),
-        r.get("accuracy"), hop_count(r))) + "</tr>" for r in records[:500])
-    img = f'<img src="data:image/png;base64,{png}"/>' if png else "<p>no metrics yet</p>"
-    page = (f"<html><head><meta charset='utf-8'><title>coevo run {html.escape(str(run_dir))}</title></head><body>"
-            f"<h1>coevo run {html.escape(str(run_dir))}</h1>{img}<pre>{html.escape(text)}</pre>"
-            "<table border=1><tr><th>step</th><th>reference</th><th>target</th><th>question</th>"
-            f"<th>reason</th><th>accuracy</th><th>hops</th></tr>{rows}</table></body></html>")
-    atomic_write_text(out, page)

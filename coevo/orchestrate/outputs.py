@@ -1,4 +1,4 @@
-"""What a run writes for its user (SPEC §6): task dumps, metrics.jsonl, TensorBoard, config.
+"""What a run writes for its user (SPEC §6): task dumps, metrics.jsonl, TensorBoard or W&B, config.
 
 Task dumps are written whole and atomically per step; metrics.jsonl gets one line per step.
 On resume, lines and dumps of steps after the checkpoint are dropped (atomically), and the
@@ -19,6 +19,7 @@ from coevo.core.io import (
     step_name,
     step_of,
 )
+from coevo.orchestrate.loggers import open_logger
 
 
 def dump_path(run_dir: Path, step: int) -> Path:
@@ -49,32 +50,28 @@ def _finite(x: Any) -> Any:
 
 
 class MetricsLog:
-    """metrics.jsonl (one line per step) plus TensorBoard scalars of every numeric leaf.
+    """metrics.jsonl (one line per step) plus every numeric leaf to the `run.logger` (loggers.py).
 
     `start`: the first step this run will log. Records of steps >= `start` (logged by an earlier
     run that got further than its last checkpoint) are dropped from metrics.jsonl, and the
     TensorBoard directory is rebuilt from what remains, so no step is ever logged twice.
     """
 
-    def __init__(self, run_dir: Path, tensorboard: bool = True, start: Optional[int] = None) -> None:
+    def __init__(self, run_dir: Path, logger: str = "tensorboard", project: str = "coevo",
+                 config: Optional[dict[str, Any]] = None, start: Optional[int] = None) -> None:
         self.path = Path(run_dir) / "metrics.jsonl"
         self.tb_dir = Path(run_dir) / "tensorboard"
-        self.writer = None
         if start is not None:
             self.truncate_after(start - 1)
-        if tensorboard:
-            from torch.utils.tensorboard import SummaryWriter
-
-            if start is not None and self.tb_dir.exists():
+            if logger == "tensorboard" and self.tb_dir.exists():
                 self._rebuild_tensorboard()
-            self.writer = SummaryWriter(log_dir=str(self.tb_dir))
+        self.writer = open_logger(logger, Path(run_dir), project, config)
 
     def log(self, step: int, metrics: dict[str, Any]) -> None:
         record = _finite({"step": step, **metrics})
         append_jsonl(self.path, record)
         if self.writer is not None:
-            _add_scalars(self.writer, record)
-            self.writer.flush()
+            self.writer.log(_scalars(record), step)
 
     def truncate_after(self, step: int) -> None:
         """Drop lines of steps > `step` (they belong to a step that will be re-run)."""
@@ -98,10 +95,15 @@ class MetricsLog:
             self.writer.close()
 
 
+def _scalars(record: dict[str, Any]) -> dict[str, float]:
+    """The numeric leaves of a metrics record, named `group/key` (the step itself excluded)."""
+    return {key: value for key, value in _flatten(record).items()
+            if isinstance(value, (int, float)) and not isinstance(value, bool) and key != "step"}
+
+
 def _add_scalars(writer: Any, record: dict[str, Any]) -> None:
-    for key, value in _flatten(record).items():
-        if isinstance(value, (int, float)) and not isinstance(value, bool) and key != "step":
-            writer.add_scalar(key, value, record["step"])
+    for key, value in _scalars(record).items():
+        writer.add_scalar(key, value, record["step"])
 
 
 def _flatten(d: dict[str, Any], prefix: str = "") -> dict[str, Any]:

@@ -58,7 +58,7 @@ def test_smoke_run_then_resume(tmp_path, small_corpus):
     from coevo.inspect import main as inspect_main
 
     assert inspect_main([str(run_dir), "--html", str(tmp_path / "r.html"), "--verdict", "rejected"]) == 0
-    assert "<img src=\"data:image/png;base64," in (tmp_path / "r.html").read_text()
+    assert '<svg class="chart"' in (tmp_path / "r.html").read_text()  # inline charts of the real run
     out = _run(run_dir, small_corpus, "run.steps=3", "resume=true")
     assert "resumed from" in out and "[step 3/3]" in out
     assert [m["step"] for m in read_jsonl(run_dir / "metrics.jsonl")] == [0, 1, 2]

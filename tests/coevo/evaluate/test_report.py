@@ -6,7 +6,9 @@ from pathlib import Path
 import pytest
 
 from coevo.core.types import Completion, EvidencePath, Hop, Verdict
-from coevo.evaluate.report import format_summary, load_run, normalize_record, summarize, write_html
+from coevo.evaluate.report import format_summary, load_run, normalize_record, summarize
+from coevo.evaluate.report_page import run_page, write_page
+from coevo.evaluate.series import run_data
 from coevo.orchestrate.records import candidate_record
 from proposer.pipeline import Candidate
 from solver.agent import Episode, Task
@@ -169,17 +171,18 @@ def test_html_report_escapes_every_cell_and_shows_the_reference(tmp_path):
     (run / "metrics.jsonl").write_text(json.dumps({"step": 0, "reward": {"solver": "bad"}}) + "\n"
                                        + json.dumps({"step": "x", "reward": {"solver": 0.5}}) + "\n")
     out = tmp_path / "r.html"
-    records, metrics = load_run(run)
-    write_html(out, run, format_summary(summarize(records), metrics, records), metrics, records)
+    data = run_data(run)
+    write_page(out, run_page(data, data.records))
     page = out.read_text(encoding="utf-8")
     assert "<script>" not in page and "<b>" not in page
     assert "&lt;script&gt;alert(&quot;x&quot;)&lt;/script&gt;" in page
     # The reference column holds each record's reference question (not None).
     assert "<td>ref &lt;script&gt;alert(&quot;x&quot;)&lt;/script&gt; &amp; &#x27;quotes&#x27;</td>" in page
-    rows = page.split("<tr>")[2:]  # after the header row
+    candidates = page.split('<table class="cands">')[1].split("</table>")[0]
+    rows = candidates.split("<tr>")[2:]  # after the header row
     assert len(rows) == 6
     assert rows[1].split("<td>")[6] == "&lt;script&gt;alert(&quot;x&quot;)&lt;/script&gt;</td>"  # accuracy cell
-    assert rows[4].split("<td>")[2] == "None</td>"  # a record without reference_question
+    assert rows[4].split("<td>")[2] == "-</td>"  # a record without reference_question
 
 
 def test_bad_dump_structure_names_file_and_line(tmp_path):

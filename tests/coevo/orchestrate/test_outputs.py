@@ -40,7 +40,7 @@ def test_torn_last_line_skipped_but_middle_corruption_is_an_error(tmp_path):
 
 
 def test_metrics_log_and_truncate(tmp_path):
-    log = MetricsLog(tmp_path, tensorboard=False)
+    log = MetricsLog(tmp_path, logger="none")
     for s in range(4):
         log.log(s, {"reward": {"solver": s * 0.5}, "nan": float("nan")})
     log.truncate_after(1)

@@ -16,7 +16,7 @@ import pytest
 from omegaconf import OmegaConf
 
 from coevo.core.config import CoevoConfig, PolicyConfig, compose, to_object
-from coevo.core.io import atomic_dir
+from coevo.core.io import atomic_dir, unique_sibling
 from coevo.core.lifetime import Stopped, stop_on_signals, uninterrupted
 from coevo.core.rundir import (
     RunDirError,
@@ -223,6 +223,20 @@ def test_leftovers_of_a_killed_save_are_removed_at_start(tmp_path):
     assert sorted(p.name for p in (tmp_path / "checkpoints").iterdir()) == ["step_1"]
     assert [p.name for p in (tmp_path / "tasks").iterdir()] == ["step_1.jsonl"]
     assert verify_checkpoint(tmp_path / "checkpoints" / "step_1") is None
+
+
+def test_a_tensorboard_rebuild_killed_half_way_is_removed_at_start_and_by_overwrite(tmp_path):
+    # Resume rebuilds tensorboard/ under atomic_dir (MetricsLog): a SIGKILL then left its temp dir, which every
+    # later start kept and run.overwrite=true refused as a file no run writes.
+    _populate(tmp_path, "metrics.jsonl", "tensorboard/events.out.tfevents.1.h",
+              f"{unique_sibling(tmp_path / 'tensorboard').name}/events.out.tfevents.2.h")
+    leftover = next(p for p in tmp_path.iterdir() if p.name.startswith(".tmp-tensorboard-"))
+    with claim_run_dir(tmp_path, resume=True, overwrite=False):
+        assert remove_temp_files(tmp_path) == [str(leftover)]
+        assert sorted(p.name for p in tmp_path.iterdir()) == [".lock", "metrics.jsonl", "tensorboard"]
+    _populate(tmp_path, f"{unique_sibling(tmp_path / 'tensorboard').name}/events.out.tfevents.3.h")
+    with claim_run_dir(tmp_path, resume=False, overwrite=True):
+        assert sorted(p.name for p in tmp_path.iterdir()) == [".lock"]
 
 
 def test_checkpoints_after_the_resumed_one_are_dropped(tmp_path):

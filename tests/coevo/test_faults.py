@@ -5,6 +5,7 @@ the functions that now refuse or repair it. End-to-end runs: tests/coevo/test_fa
 import hashlib
 import json
 import os
+import shutil
 import signal
 import socket
 import subprocess
@@ -31,6 +32,7 @@ from coevo.run import _stopped_advice
 from coevo.train.checkpoint import (
     MARKER,
     drop_checkpoints_after,
+    prune_checkpoints,
     remove_partial_checkpoints,
     resumable_checkpoint,
     save_checkpoint,
@@ -237,6 +239,25 @@ def test_a_tensorboard_rebuild_killed_half_way_is_removed_at_start_and_by_overwr
     _populate(tmp_path, f"{unique_sibling(tmp_path / 'tensorboard').name}/events.out.tfevents.3.h")
     with claim_run_dir(tmp_path, resume=False, overwrite=True):
         assert sorted(p.name for p in tmp_path.iterdir()) == [".lock"]
+
+
+def test_a_prune_killed_half_way_leaves_no_checkpoint_without_its_marker(tmp_path, monkeypatch):
+    for step in range(3):
+        _save(tmp_path, step)
+
+    def killed(path, *args, **kwargs):  # a SIGKILL once the marker is gone (rmtree goes in directory order)
+        (Path(path) / MARKER).unlink()
+        raise KeyboardInterrupt
+
+    monkeypatch.setattr(shutil, "rmtree", killed)
+    with pytest.raises(KeyboardInterrupt):
+        prune_checkpoints(tmp_path, keep=2)
+    monkeypatch.undo()
+    # A step_<n> without its marker was never pruned again (prune counts marked ones only) and never resumed.
+    steps = sorted(p.name for p in (tmp_path / "checkpoints").iterdir() if not p.name.startswith("."))
+    assert steps == ["step_1", "step_2"]
+    assert [n[:len(".old-step_0-")] for n in remove_partial_checkpoints(tmp_path)] == [".old-step_0-"]
+    assert sorted(p.name for p in (tmp_path / "checkpoints").iterdir()) == ["step_1", "step_2"]
 
 
 def test_checkpoints_after_the_resumed_one_are_dropped(tmp_path):

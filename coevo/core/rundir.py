@@ -31,11 +31,14 @@ from typing import Any, Iterable, Optional
 
 import yaml
 
+from coevo.core.io import is_sibling_of
+
 LOCK_NAME = ".lock"
 CONFIG_NAME = "config.yaml"
-# What runs write into run.dir (coevo.run and coevo.solve), temp files of interrupted writes included.
+# What runs write into run.dir (coevo.run and coevo.solve), temp files of interrupted writes included
+# (atomic_write_text's `.<name>.*.tmp`, the `.tmp-tensorboard-*` dir of a TensorBoard rebuild).
 RUN_OUTPUTS = (LOCK_NAME, CONFIG_NAME, "metrics.jsonl", "tasks", "checkpoints", "tensorboard", ".hydra", "*.log",
-               ".*.tmp")
+               ".*.tmp", ".tmp-tensorboard-*")
 # Keys that do not change what a run computes: its length, place, hardware, engine and labels.
 NOT_EXPERIMENT = ("run.steps", "run.dir", "run.save_every", "run.memory_check", "run.overwrite", "resume", "dry_run",
                   "experiment_name", "ray.*", "rollout.*", "retrieval.cache_dir", "solve.steps", "*.preset",
@@ -152,16 +155,22 @@ def _remove(path: Path) -> None:
 
 
 def remove_temp_files(run_dir: str | os.PathLike) -> list[str]:
-    """Delete the temp files of writes a killed run left (`.<name>.*.tmp` beside config, metrics, dumps).
+    """Delete the temp files of writes a killed run left: `.<name>.*.tmp` beside config, metrics and
+    dumps, and the temp dir of a TensorBoard rebuild (resume rewrites `tensorboard/` under `atomic_dir`).
 
     Only safe under the run's lock: nobody else writes there. Returns the paths removed.
     """
+    run_dir = Path(run_dir)
     removed = []
-    for folder in (Path(run_dir), Path(run_dir) / "tasks"):
+    for folder in (run_dir, run_dir / "tasks"):
         for path in sorted(folder.glob(".*.tmp")) if folder.is_dir() else []:
             if path.is_file():
                 path.unlink()
                 removed.append(str(path))
+    for path in sorted(run_dir.iterdir()) if run_dir.is_dir() else []:
+        if is_sibling_of(path.name, run_dir / "tensorboard") and path.is_dir() and not path.is_symlink():
+            shutil.rmtree(path)
+            removed.append(str(path))
     return removed
 
 

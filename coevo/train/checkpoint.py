@@ -5,7 +5,7 @@ its actor, optimizer state included), `state.json` (step, data cursor, driver RN
 and a `COMPLETE` marker listing the size and SHA-256 of every other file. The directory is
 assembled under a temp name and renamed in one step, so a run killed at any moment leaves
 either a complete checkpoint or a `.tmp-*` leftover, which `remove_partial_checkpoints`
-deletes at the next start.
+deletes at the next start; pruning renames a checkpoint to `.old-*` before deleting it, likewise.
 
 Resume trusts nothing it has not checked: `resumable_checkpoint` verifies the newest
 checkpoint against its marker (a file missing, truncated or changed since the save fails)
@@ -23,7 +23,7 @@ from typing import Any, Callable, Optional
 import numpy as np
 import torch
 
-from coevo.core.io import atomic_dir, atomic_write_text, step_name, step_of
+from coevo.core.io import atomic_dir, atomic_write_text, step_name, step_of, unique_sibling
 
 MARKER = "COMPLETE"
 OPTIMIZER_FILE = "optimizer.pt"  # in each role's directory (every role a checkpoint holds is trainable)
@@ -144,7 +144,7 @@ def resumable_checkpoint(run_dir: Path) -> tuple[Optional[Path], list[tuple[Path
 
 
 def remove_partial_checkpoints(run_dir: Path) -> list[str]:
-    """Delete the temp dirs (`.tmp-*`, `.old-*`) a killed save left in `checkpoints/`; their names.
+    """Delete the temp dirs a killed save (`.tmp-*`) or prune (`.old-*`) left in `checkpoints/`; their names.
 
     Each can be a full copy of every model. Only safe while the run holds its directory's lock.
     """
@@ -191,9 +191,16 @@ def read_state(checkpoint: Path) -> dict[str, Any]:
 
 
 def prune_checkpoints(run_dir: Path, keep: int = 2) -> None:
-    """Delete all but the newest `keep` complete checkpoints (never the latest one)."""
+    """Delete all but the newest `keep` complete checkpoints (never the latest one).
+
+    Each is renamed to an `.old-*` name first (one atomic step), then deleted: a run killed
+    meanwhile leaves a leftover that `remove_partial_checkpoints` deletes at the next start, never
+    a `step_<n>` whose marker went first (it would never be pruned again nor verify).
+    """
     root = Path(run_dir) / "checkpoints"
     done = sorted((n, c) for c in root.iterdir()
                   if (n := step_of(c.name)) is not None and (c / MARKER).exists())
     for _, path in done[:-keep] if keep > 0 else []:
-        shutil.rmtree(path, ignore_errors=True)
+        doomed = unique_sibling(path, "old")
+        path.rename(doomed)
+        shutil.rmtree(doomed, ignore_errors=True)

@@ -5,6 +5,7 @@ the functions that now refuse or repair it. End-to-end runs: tests/coevo/test_fa
 import hashlib
 import json
 import os
+import shutil
 import signal
 import socket
 import subprocess
@@ -16,7 +17,7 @@ import pytest
 from omegaconf import OmegaConf
 
 from coevo.core.config import CoevoConfig, PolicyConfig, compose, to_object
-from coevo.core.io import atomic_dir
+from coevo.core.io import atomic_dir, unique_sibling
 from coevo.core.lifetime import Stopped, stop_on_signals, uninterrupted
 from coevo.core.rundir import (
     RunDirError,
@@ -31,6 +32,7 @@ from coevo.run import _stopped_advice
 from coevo.train.checkpoint import (
     MARKER,
     drop_checkpoints_after,
+    prune_checkpoints,
     remove_partial_checkpoints,
     resumable_checkpoint,
     save_checkpoint,
@@ -223,6 +225,39 @@ def test_leftovers_of_a_killed_save_are_removed_at_start(tmp_path):
     assert sorted(p.name for p in (tmp_path / "checkpoints").iterdir()) == ["step_1"]
     assert [p.name for p in (tmp_path / "tasks").iterdir()] == ["step_1.jsonl"]
     assert verify_checkpoint(tmp_path / "checkpoints" / "step_1") is None
+
+
+def test_a_tensorboard_rebuild_killed_half_way_is_removed_at_start_and_by_overwrite(tmp_path):
+    # Resume rebuilds tensorboard/ under atomic_dir (MetricsLog): a SIGKILL then left its temp dir, which every
+    # later start kept and run.overwrite=true refused as a file no run writes.
+    _populate(tmp_path, "metrics.jsonl", "tensorboard/events.out.tfevents.1.h",
+              f"{unique_sibling(tmp_path / 'tensorboard').name}/events.out.tfevents.2.h")
+    leftover = next(p for p in tmp_path.iterdir() if p.name.startswith(".tmp-tensorboard-"))
+    with claim_run_dir(tmp_path, resume=True, overwrite=False):
+        assert remove_temp_files(tmp_path) == [str(leftover)]
+        assert sorted(p.name for p in tmp_path.iterdir()) == [".lock", "metrics.jsonl", "tensorboard"]
+    _populate(tmp_path, f"{unique_sibling(tmp_path / 'tensorboard').name}/events.out.tfevents.3.h")
+    with claim_run_dir(tmp_path, resume=False, overwrite=True):
+        assert sorted(p.name for p in tmp_path.iterdir()) == [".lock"]
+
+
+def test_a_prune_killed_half_way_leaves_no_checkpoint_without_its_marker(tmp_path, monkeypatch):
+    for step in range(3):
+        _save(tmp_path, step)
+
+    def killed(path, *args, **kwargs):  # a SIGKILL once the marker is gone (rmtree goes in directory order)
+        (Path(path) / MARKER).unlink()
+        raise KeyboardInterrupt
+
+    monkeypatch.setattr(shutil, "rmtree", killed)
+    with pytest.raises(KeyboardInterrupt):
+        prune_checkpoints(tmp_path, keep=2)
+    monkeypatch.undo()
+    # A step_<n> without its marker was never pruned again (prune counts marked ones only) and never resumed.
+    steps = sorted(p.name for p in (tmp_path / "checkpoints").iterdir() if not p.name.startswith("."))
+    assert steps == ["step_1", "step_2"]
+    assert [n[:len(".old-step_0-")] for n in remove_partial_checkpoints(tmp_path)] == [".old-step_0-"]
+    assert sorted(p.name for p in (tmp_path / "checkpoints").iterdir()) == ["step_1", "step_2"]
 
 
 def test_checkpoints_after_the_resumed_one_are_dropped(tmp_path):

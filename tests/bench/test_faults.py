@@ -1,0 +1,214 @@
+"""bench/faults.py's pure parts: the checks on hand-made run dirs (lost steps, corrupt files, duplicate
+steps), the kill plans, the command-line match, and the orphan check on a fake driver that leaves a
+process behind (no model is loaded, no coevo run started)."""
+import importlib.util
+import json
+import os
+import struct
+import sys
+import time
+from pathlib import Path
+
+import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
+
+from coevo.train.checkpoint import save_checkpoint
+
+BENCH = Path(__file__).resolve().parents[2] / "bench"
+
+
+def _load(name: str):
+    spec = importlib.util.spec_from_file_location(name, BENCH / f"{name}.py")
+    module = importlib.util.module_from_spec(spec)
+    sys.modules[name] = module  # bench/faults.py imports faults_check as a sibling module
+    spec.loader.exec_module(module)
+    return module
+
+
+@pytest.fixture(scope="module")
+def check():
+    return _load("faults_check")
+
+
+@pytest.fixture(scope="module")
+def faults(check):
+    return _load("faults")
+
+
+def _checkpoint(run_dir: Path, step: int) -> Path:
+    def save(role: str, path: Path) -> None:
+        path.mkdir(parents=True)
+        (path / "model.safetensors").write_bytes(b"weights" * 10)
+        (path / "optimizer.pt").write_bytes(b"adam" * 10)
+
+    return save_checkpoint(run_dir, step, 2 * (step + 1), save, ["solver"])
+
+
+def _scalars(log_dir: Path, points: list[tuple[str, int]]) -> Path:
+    from torch.utils.tensorboard import SummaryWriter
+
+    before = set(log_dir.glob("events.out.tfevents.*"))
+    writer = SummaryWriter(log_dir=str(log_dir))
+    for tag, step in points:
+        writer.add_scalar(tag, 0.5, step)
+    writer.close()
+    [path] = set(log_dir.glob("events.out.tfevents.*")) - before  # the file this writer wrote
+    return path
+
+
+def _first_record_end(data: bytes) -> int:
+    """Where an event file's second record starts: header (length, its checksum), data, data checksum."""
+    return 8 + 4 + struct.unpack("<Q", data[:8])[0] + 4
+
+
+def test_a_whole_run_dir_passes_every_check(tmp_path, check) -> None:
+    run = tmp_path / "run"
+    (run / "tasks").mkdir(parents=True)
+    for step in range(3):
+        (run / "tasks" / f"step_{step}.jsonl").write_text('{"accepted": false}\n' * step)  # step 0: no candidate
+        _checkpoint(run, step)
+    (run / "metrics.jsonl").write_text("".join(json.dumps({"step": s, "reward": 0.5}) + "\n" for s in range(3)))
+    _scalars(run / "tensorboard", [("reward", 0), ("reward", 1), ("reward", 2), ("loss", 2)])
+    assert check.check_run_dir(run, 3, tensorboard=True) == {"lost": [], "corrupt": [], "duplicates": [],
+                                                             "leftovers": []}
+
+
+def test_a_damaged_run_dir_names_each_lost_step_corrupt_file_and_duplicate(tmp_path, check) -> None:
+    run = tmp_path / "run"
+    (run / "tasks").mkdir(parents=True)
+    (run / "tasks" / "step_0.jsonl").write_text('{"a": 1}\n')
+    (run / "tasks" / "step_1.jsonl").write_text('{"a": 1}\nnot json\n{"a": 2}\n')
+    (run / "tasks" / "step_3.jsonl").write_text('{"a": 1}\n')  # no dump of step 2
+    (run / "tasks" / ".step_4.jsonl.abc.tmp").write_text("")  # an interrupted write's temp file
+    # Step 1 twice, step 3 torn (killed mid-append): lines 1-3 parse, line 4 has no line end.
+    (run / "metrics.jsonl").write_text('{"step": 0}\n{"step": 1}\n{"step": 1}\n{"step": 3')
+    _checkpoint(run, 2)
+    optimizer = _checkpoint(run, 3) / "solver" / "optimizer.pt"
+    optimizer.write_bytes(b"ADAM" + optimizer.read_bytes()[4:])  # same size, other bytes
+    (run / "checkpoints" / ".tmp-step_4-0123").mkdir()
+    _scalars(run / "tensorboard", [("reward", 0), ("reward", 1), ("reward", 1), ("reward", 3)])
+    torn = _scalars(run / "tensorboard", [("loss", 0)])
+    torn.write_bytes(torn.read_bytes()[:-3])
+    second = _first_record_end(torn.read_bytes())
+
+    found = check.check_run_dir(run, 4, tensorboard=True)
+    assert found["lost"] == [{"step": 2, "missing": ["dump", "metrics", "tensorboard"]},
+                             {"step": 3, "missing": ["metrics", "checkpoint"]}]
+    assert found["corrupt"] == [
+        "checkpoints/step_3: solver/optimizer.pt does not match its checksum",
+        "metrics.jsonl: 1 bad lines, first: line 4: no line end (torn write)",
+        "tasks/step_1.jsonl: 1 bad lines, first: line 2: JSONDecodeError: Expecting value: line 1 column 1 (char 0)",
+        f"tensorboard/{torn.name}: record 1 at byte {second}: torn (needs {torn.stat().st_size + 3} bytes, the "
+        f"file has {torn.stat().st_size})"]
+    assert found["duplicates"] == [1]
+    assert found["leftovers"] == ["checkpoints/.tmp-step_4-0123", "tasks/.step_4.jsonl.abc.tmp"]
+    # Without tensorboard only metrics.jsonl counts: the event files are neither read nor checked.
+    without = check.check_run_dir(run, 4, tensorboard=False)
+    assert without["lost"] == [{"step": 2, "missing": ["dump", "metrics"]},
+                               {"step": 3, "missing": ["metrics", "checkpoint"]}]
+    assert len(without["corrupt"]) == 3 and without["duplicates"] == [1]
+
+
+def test_tfrecord_problem_reads_lengths_and_both_checksums(tmp_path, check) -> None:
+    path = _scalars(tmp_path, [("reward", 0)])
+    data = path.read_bytes()
+    assert check.tfrecord_problem(path) is None
+    first = _first_record_end(data)  # the file_version record, then one scalar
+    assert first < len(data)
+    path.write_bytes(data[:first] + data[first:first + 12] + b"\xff" + data[first + 13:])
+    assert check.tfrecord_problem(path) == f"record 1 at byte {first}: data checksum mismatch"
+    path.write_bytes(data[:first] + b"\x07" + data[first + 1:])
+    assert check.tfrecord_problem(path) == f"record 1 at byte {first}: header checksum mismatch"
+    path.write_bytes(data[:first + 5])
+    assert check.tfrecord_problem(path) == f"record 1 at byte {first}: torn header"
+
+
+records = st.lists(st.fixed_dictionaries({"step": st.integers(0, 10**6), "text": st.text(max_size=20)}),
+                   min_size=1, max_size=8)
+
+
+@settings(max_examples=60, deadline=None)
+@given(records=records, cut=st.integers(1, 10**6))
+def test_parse_jsonl_returns_what_was_written_and_flags_a_cut_last_line(tmp_path_factory, check, records, cut):
+    path = tmp_path_factory.mktemp("jsonl") / "metrics.jsonl"
+    text = "".join(json.dumps(r, ensure_ascii=False) + "\n" for r in records).encode()
+    path.write_bytes(text)
+    assert check.parse_jsonl(path, need_step=True) == (records, None)
+    last = json.dumps(records[-1], ensure_ascii=False).encode()
+    keep = len(text) - 1 - cut % len(last)  # cut 1 .. len(last) bytes off the last line and its line end
+    path.write_bytes(text[:keep])
+    got, why = check.parse_jsonl(path, need_step=True)
+    assert got == records[:-1]
+    assert why == f"metrics.jsonl: 1 bad lines, first: line {len(records)}: no line end (torn write)"
+
+
+def test_kill_plans_follow_the_seed_and_the_save_share(faults) -> None:
+    plans = faults.draw_plans(7, runs=20, kills=2, save_share=0.25)
+    assert plans == faults.draw_plans(7, runs=20, kills=2, save_share=0.25) != faults.draw_plans(8, 20, 2, 0.25)
+    assert [len(p) for p in plans] == [2] * 20
+    assert all(0 <= k.u < 1 and 0 <= k.jitter_s <= 0.05 for p in plans for k in p)
+    assert {k.kind for p in faults.draw_plans(1, 10, 1, 0.0) for k in p} == {"time"}
+    assert {k.kind for p in faults.draw_plans(1, 10, 1, 1.0) for k in p} == {"save"}
+
+
+def test_names_run_dir_matches_the_dir_and_paths_under_it_only(faults) -> None:
+    run = Path("/w/run_1")
+    assert faults.names_run_dir(b"python\0-m\0coevo.run\0run.dir=/w/run_1\0seed=1\0", run)
+    assert faults.names_run_dir(b"tail\0/w/run_1/metrics.jsonl\0", run)
+    assert faults.names_run_dir(b"ls\0/w/run_1\0", run)
+    assert not faults.names_run_dir(b"python\0-m\0coevo.run\0run.dir=/w/run_10\0", run)
+    assert not faults.names_run_dir(b"ls\0/w/run_1x/a\0", run)
+
+
+FAKE_DRIVER = """
+import subprocess, sys, time
+# One helper in its own session (as Ray's agents were), not reparented to us when the driver dies.
+subprocess.Popen(["sleep", "60"], start_new_session=True)
+subprocess.Popen(["sleep", "0.2"], start_new_session=True)  # ends by itself: no orphan
+print("actors ready in 0.1s; 0 reference questions; steps 0..1; run dir " + sys.argv[1], flush=True)
+time.sleep(60)
+"""
+
+
+def test_an_attempt_killed_at_once_reports_the_process_its_driver_left(tmp_path, faults, monkeypatch) -> None:
+    monkeypatch.setattr(faults, "ORPHAN_GRACE_S", 2.0)
+    run_dir = tmp_path / "run"
+    plan = faults.KillPlan("time", 0.0, 0.0)
+    own = {t for t in os.environ.get(faults.TOKENS_ENV, "").split(":") if t}  # a reaper of the test process's
+    rec, a = faults.run_attempt([sys.executable, "-c", FAKE_DRIVER, str(run_dir)], tmp_path / "log", run_dir,
+                                steps=2, plan=plan, step_s=1.0, timeout_s=60, own_tokens=own)
+    assert rec["killed"] and rec["rc"] == -9 and rec["error"] is None and rec["during_save"] is False
+    assert a.start_step == 0 and len(a.tracked) >= 2  # the driver and its helper(s)
+    started = time.monotonic()
+    orphans = faults.orphans_after(time.monotonic(), a.tracked, a.tokens, run_dir)
+    assert [name.split()[1] for name in orphans] == ["sleep"]
+    assert time.monotonic() - started >= 2.0
+    pid = int(orphans[0].split()[0])
+    deadline = time.monotonic() + 5
+    while faults.survivors(a.tracked, set(), run_dir) and time.monotonic() < deadline:
+        time.sleep(0.05)
+    assert faults.survivors(a.tracked, set(), run_dir) == {}, f"{pid} was not killed"
+
+
+def test_an_attempt_that_fails_before_its_actors_are_ready_is_an_error(tmp_path, faults) -> None:
+    rec, a = faults.run_attempt([sys.executable, "-c", "import sys; print('boom'); sys.exit(3)"], tmp_path / "log",
+                                tmp_path / "run", steps=2, plan=None, step_s=1.0, timeout_s=60, own_tokens=set())
+    assert rec["error"] == "exit code 3 before the actors were ready" and rec["log_tail"] == "boom\n"
+    assert not rec["killed"] and a.ready is None
+
+
+def test_the_log_reader_times_ready_and_step_lines_once_each_line_is_whole(tmp_path, faults) -> None:
+    log = tmp_path / "log"
+    log.write_text("step 1: 0/4 tasks accepted\n"  # before "actors ready": not a step of this attempt
+                   "actors ready in 2.0s; 60 reference questions; steps 2..3; run dir /w/run_0\n[step 3/4] acc")
+    a = faults.Attempt(None, tmp_path, log, started=0.0)
+    a.read_log()
+    assert a.ready is not None and a.start_step == 2 and a.step_ends == [] and a.seconds_per_step() is None
+    with open(log, "a") as f:
+        f.write("epted 0/4 | reward\nstep 3: 0/4 tasks accepted\n[step 4/4] accepted 0/4\n")
+    a.read_log()
+    a.read_log()  # nothing new: nothing counted twice
+    assert len(a.step_ends) == 2
+    a.ready, a.step_ends = 10.0, [13.0, 16.5]
+    assert a.seconds_per_step() == 3.25

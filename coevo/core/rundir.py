@@ -33,12 +33,16 @@ import yaml
 
 LOCK_NAME = ".lock"
 CONFIG_NAME = "config.yaml"
+# The run's log (coevo/core/console.py) and the vLLM logging config beside it: opened once the run owns
+# run.dir, appended to by every run there (a resumed run continues its log), never counted as a run's output.
+LOG_NAME = "run.log"
+VLLM_LOGGING_NAME = ".vllm-logging.json"
 # What runs write into run.dir (coevo.run and coevo.solve), temp files of interrupted writes included.
 RUN_OUTPUTS = (LOCK_NAME, CONFIG_NAME, "metrics.jsonl", "tasks", "checkpoints", "tensorboard", ".hydra", "*.log",
                ".*.tmp")
 # Keys that do not change what a run computes: its length, place, hardware, engine and labels.
 NOT_EXPERIMENT = ("run.steps", "run.dir", "run.save_every", "run.memory_check", "run.overwrite", "resume", "dry_run",
-                  "experiment_name", "ray.*", "rollout.*", "retrieval.cache_dir", "solve.steps", "*.preset",
+                  "experiment_name", "log.*", "ray.*", "rollout.*", "retrieval.cache_dir", "solve.steps", "*.preset",
                   "*.engine", "*.num_cpus", "*.num_gpus", "*.gpu_memory_utilization", "*.vllm_enforce_eager")
 
 
@@ -114,7 +118,7 @@ def claim_run_dir(run_dir: str | os.PathLike, *, resume: bool, overwrite: bool, 
     run_dir = Path(run_dir)
     lock = lock_run_dir(run_dir)
     try:
-        keep = {LOCK_NAME, *keep}
+        keep = {LOCK_NAME, LOG_NAME, VLLM_LOGGING_NAME, *keep}
         held = sorted(p.name for p in run_dir.iterdir() if p.name not in keep)
         if held and not resume:
             if not overwrite:

@@ -7,7 +7,8 @@
   (the reaper of coevo/core/lifetime.py ends them with it).
 - A directory that already holds a run is refused unless the run resumes it (`resume=true`)
   or asks for it to be emptied (`run.overwrite=true`). Hydra's record of this invocation
-  (`.hydra/`, `<job>.log`: written before our code runs) does not count and is kept. Only
+  (`.hydra/`: written before our code runs) and the run's log (`run.log`, with the vLLM
+  logging config beside it) do not count and are kept. Only
   what a run writes (`RUN_OUTPUTS`) is ever deleted: a directory holding anything else is
   refused even with `run.overwrite=true`, so a mistyped run.dir cannot wipe other files.
 - `check_same_experiment` compares a resumed run's stored config.yaml with the new one on

@@ -44,7 +44,7 @@ file; a sample belongs to the stage open at its time: `load` (before the first s
 `rollout` (solve), `update` (the whole update stage, every policy), inside it `logprobs` (old
 and reference log-probs), `backward` (forward + backward + optimizer step) and `sync` (weight
 sync to the engine), `other` (between stages). A stage shorter than the 50 ms poll may have no
-sample. Step ends are the metrics lines the run prints.
+sample. Step ends are the step lines the run prints (their metrics read from its metrics.jsonl).
 
 Stdout is ONE JSON line, also written atomically to `--out` after every run (default
 runs/memory-<stamp>/memory.json); the samples go to `<out>.samples.json`, each run's output to
@@ -146,7 +146,7 @@ def run_one(spec: dict[str, Any], args: argparse.Namespace, out_dir: Path, token
     env = {**os.environ, STAGE_FILE_ENV: str(stage_file),
            "PYTHONPATH": os.pathsep.join(p for p in (str(ROOT), os.environ.get("PYTHONPATH")) if p)}
     print(f"[memory] {key}: {' '.join(cmd[1:])}", file=sys.stderr, flush=True)
-    trace = Trace(stage_file)
+    trace = Trace(stage_file, run_dir / "metrics.jsonl")
     with open(out_dir / f"{key}.log", "w", encoding="utf-8") as log:
         proc = subprocess.Popen(cmd, cwd=ROOT, env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True,
                                 errors="replace", start_new_session=True)

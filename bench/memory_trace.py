@@ -25,7 +25,8 @@ from coevo.core.lifetime import Proc, carries_token, descendants, kill, process_
 MB = 1024  # kB per MiB (/proc reports kB)
 POLL_S = 0.05  # how often the stage file, the run's output and its exit are checked
 SUB_STAGES = ("logprobs", "backward", "sync")  # Policy.update's stages inside the loop's `update`
-ESTIMATE = re.compile(r"^memory: estimated peak ([\d.]+) GiB")  # the run's own pre-start estimate (train/memory.py)
+ESTIMATE = re.compile(r"memory: estimated peak ([\d.]+) GiB")  # the run's own pre-start estimate, in its start line
+STEP_LINE = re.compile(r"^\[step (\d+)/\d+\] ")  # a step's terminal line: its metrics are in metrics.jsonl by then
 
 
 # ---- pure parts: /proc parsing, tree sums, stage attribution, summaries ------------------------
@@ -127,10 +128,11 @@ def _shm_mb() -> float:
 class Trace:
     """What the sampler collected from one run, and where it reads the run's progress."""
 
-    def __init__(self, stage_file: Path) -> None:
+    def __init__(self, stage_file: Path, metrics_file: Path) -> None:
         self.t0 = time.time()
         self.shm0 = _shm_mb()
         self.stage_file = stage_file
+        self.metrics_file = metrics_file  # the run's metrics.jsonl: a step's record is appended before its line
         self.offset = 0  # bytes of the stage file read so far
         self.events: queue.Queue = queue.Queue()  # (time, metrics) of each step end, from the output reader
         self.reader: Optional[threading.Thread] = None
@@ -181,15 +183,25 @@ class Trace:
             log.write(line)
             log.flush()
             self.tail = (self.tail + [line.rstrip()])[-12:]
-            if m := ESTIMATE.match(line):
+            if m := ESTIMATE.search(line):
                 self.estimate_gib = float(m.group(1))
-            if line.startswith("{"):
-                try:
-                    record = json.loads(line)
-                except ValueError:
-                    continue
-                if isinstance(record, dict) and "step" in record:
+            if m := STEP_LINE.match(line):
+                record = self.step_record(int(m.group(1)) - 1)
+                if record is not None:
                     self.events.put((time.time(), record))
+
+    def step_record(self, step: int) -> Optional[dict]:
+        """Step `step`'s record in the run's metrics.jsonl (None if it is not there)."""
+        if not self.metrics_file.exists():
+            return None
+        for line in self.metrics_file.read_text(encoding="utf-8").splitlines():
+            try:
+                record = json.loads(line)
+            except ValueError:  # a torn last line of a killed run
+                continue
+            if isinstance(record, dict) and record.get("step") == step:
+                return record
+        return None
 
     def finish(self) -> None:
         """After the run's tree is gone: the rest of its output and stage file (a step end read now has no

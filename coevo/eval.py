@@ -12,8 +12,10 @@ import hydra
 from omegaconf import DictConfig
 
 from coevo.core.config import register_schema
+from coevo.core.console import report_error, setup_logging
 from coevo.evaluate.harness import check_override_keys, run_eval, to_eval_object
 from coevo.evaluate.metrics import compare_files, format_table, result_title
+from coevo.train.preflight import PreflightError, check_models
 
 register_schema()
 
@@ -24,6 +26,12 @@ def _hydra_main(dcfg: DictConfig) -> None:
         cfg = to_eval_object(dcfg)
     except (ValueError, FileNotFoundError) as e:
         print(f"coevo.eval: error: {e}", file=sys.stderr)
+        sys.exit(2)
+    setup_logging(cfg.log.level)  # no run directory: the terminal only
+    try:
+        check_models(cfg, with_proposer=False)  # every model located before any loads
+    except PreflightError as e:
+        report_error("coevo.eval", e)
         sys.exit(2)
     if cfg.mode == "direct" and cfg.ranker.checkpoint:
         print("coevo.eval: note: mode=direct uses no ranker; ranker.checkpoint is ignored", file=sys.stderr)

@@ -10,6 +10,7 @@ Ctrl-C or SIGTERM stops after the step's outputs in progress are written whole (
 """
 from __future__ import annotations
 
+import logging
 import random
 import sys
 import time
@@ -20,8 +21,10 @@ import hydra
 from omegaconf import DictConfig, OmegaConf
 
 from coevo.core.config import CoevoConfig, register_schema, to_object
+from coevo.core.console import report_error, say, setup_logging
 from coevo.core.inputs import load_reference_questions
 from coevo.core.lifetime import Stopped, ensure_reaper, stop_on_signals, uninterrupted
+from coevo.core.progress import StepBar
 from coevo.core.rundir import (
     CONFIG_NAME,
     RunDirError,
@@ -36,6 +39,8 @@ from coevo.orchestrate.loop import coevolution_step, step_seed
 from coevo.orchestrate.outputs import (
     MetricsLog,
     drop_dumps_after,
+    start_line,
+    step_headline,
     write_config,
     write_task_dump,
 )
@@ -51,8 +56,10 @@ from coevo.train.checkpoint import (
     save_checkpoint,
 )
 from coevo.train.memory import MemoryBudgetError, check_run_memory
+from coevo.train.preflight import PreflightError, check_models
 
 register_schema()
+LOG = logging.getLogger("coevo.run")
 
 
 def next_references(questions: list[str], cursor: int, n: int) -> tuple[list[tuple[int, str]], int]:
@@ -70,7 +77,7 @@ def _resume_point(cfg: CoevoConfig, run_dir: Path, config_yaml: str) -> Optional
         check_same_experiment(run_dir, config_yaml, type(cfg))
     ckpt, skipped = resumable_checkpoint(run_dir)
     for path, why in skipped:
-        print(f"resume: skipping {path.name}: {why}", flush=True)
+        say(f"resume: skipping {path.name}: {why}")
     if ckpt is None and skipped:
         raise RunDirError(f"resume=true but no checkpoint in {run_dir / 'checkpoints'} verifies (reasons above); "
                           "run.overwrite=true deletes them and starts over")
@@ -78,7 +85,7 @@ def _resume_point(cfg: CoevoConfig, run_dir: Path, config_yaml: str) -> Optional
         raise RunDirError(f"resume=true but {run_dir / CONFIG_NAME} is missing: cannot check that this run "
                           "continues the same experiment")
     if ckpt is None:
-        print(f"resume=true but {run_dir} holds no checkpoint yet: starting at step 0", flush=True)
+        say(f"resume=true but {run_dir} holds no checkpoint yet: starting at step 0")
     return ckpt
 
 
@@ -96,8 +103,8 @@ def _restore(ckpt: Optional[Path], run_dir: Path, actors) -> tuple[int, int]:  #
     restore_rng(state["rng"])
     drop_dumps_after(run_dir, state["step"])
     dropped = drop_checkpoints_after(run_dir, state["step"])
-    print(f"resumed from {ckpt} (step {state['step']} done, cursor {state['cursor']})"
-          + (f"; deleted the unverified {', '.join(dropped)}" if dropped else ""), flush=True)
+    say(f"resumed from {ckpt} (step {state['step']} done, cursor {state['cursor']})"
+        + (f"; deleted the unverified {', '.join(dropped)}" if dropped else ""))
     return state["step"] + 1, state["cursor"]
 
 
@@ -126,15 +133,22 @@ def _claim(cfg: CoevoConfig, run_dir: Path) -> RunDirLock:
 
 
 def train(cfg: CoevoConfig, dcfg: DictConfig) -> Path:
-    """Run the co-evolution loop, holding run.dir's lock throughout; returns the run directory."""
+    """Run the co-evolution loop, holding run.dir's lock throughout; returns the run directory.
+
+    Logging is set up (run.log) once the run owns run.dir; then every model is located
+    (`check_models`) and the memory estimated, both before Ray or any model starts.
+    """
     run_dir = Path(cfg.run.dir)
     with _claim(cfg, run_dir):
+        setup_logging(cfg.log.level, run_dir)
+        sources = check_models(cfg)
+        say(start_line("coevo.run", cfg, sources, check_run_memory(cfg)))
         config_yaml = OmegaConf.to_yaml(dcfg, resolve=True)
         ckpt = _resume_point(cfg, run_dir, config_yaml)
         write_config(run_dir, config_yaml)
         questions, report = load_reference_questions(cfg.run.reference_questions)
         if report.message():
-            print(f"run.reference_questions: {report.message()}", flush=True)
+            say(f"run.reference_questions: {report.message()}")
         random.seed(cfg.seed)
         t0 = time.perf_counter()
         # Before the actors: a logger that cannot start (run.logger=wandb, not installed) fails in seconds.
@@ -144,39 +158,29 @@ def train(cfg: CoevoConfig, dcfg: DictConfig) -> Path:
         try:
             actors = create_local_actors(cfg) if cfg.ray.local else create_actors(cfg)
             start, cursor = _restore(ckpt, run_dir, actors)
-            print(f"actors ready in {time.perf_counter() - t0:.1f}s; {len(questions)} reference questions; "
-                  f"steps {start}..{cfg.run.steps - 1}; run dir {run_dir}", flush=True)
+            LOG.info("actors ready in %.1fs; %d reference questions; steps %d..%d; run dir %s",
+                     time.perf_counter() - t0, len(questions), start, cfg.run.steps - 1, run_dir)
             _loop(cfg, run_dir, actors, questions, metrics, start, cursor)
         finally:
             metrics.close()
-    print(f"done: task dumps in {run_dir / 'tasks'}, metrics in {run_dir / 'metrics.jsonl'}; "
-          f"inspect with: python -m coevo.inspect {run_dir}", flush=True)
+    say(f"done: task dumps in {run_dir / 'tasks'}, metrics in {run_dir / 'metrics.jsonl'}; "
+        f"inspect with: python -m coevo.inspect {run_dir}")
     return run_dir
 
 
 def _loop(cfg: CoevoConfig, run_dir: Path, actors, questions: list[str], metrics: MetricsLog,  # noqa: ANN001
           start: int, cursor: int) -> None:
-    started = time.perf_counter()
-    for step in range(start, cfg.run.steps):
-        refs, cursor = next_references(questions, cursor, cfg.proposer.questions_per_step)
-        records, m = coevolution_step(step, refs, actors, cfg, step_seed(cfg.seed, step),
-                                      progress=lambda s: print(s, flush=True))
-        with uninterrupted():  # a stop signal waits for the step's outputs and checkpoint to be whole
-            write_task_dump(run_dir, step, records)
-            metrics.log(step, m)
-            if (step + 1) % cfg.run.save_every == 0 or step == cfg.run.steps - 1:
-                _checkpoint(run_dir, step, cursor, actors)
-        _print_progress(step, m, cfg.run.steps, start, started)
-
-
-def _print_progress(step: int, m: dict, steps: int, start: int, started: float) -> None:
-    done = step - start + 1
-    eta = (time.perf_counter() - started) / done * (steps - step - 1)
-    r = m["reward"]
-    fmt = lambda x: "-" if x is None else f"{x:.3f}"  # noqa: E731
-    print(f"[step {step + 1}/{steps}] accepted {m['accepted']}/{m['candidates']} | reward proposer "
-          f"{fmt(r['proposer'])} solver {fmt(r['solver'])} ranker {fmt(r['ranker'])} | "
-          f"searches {fmt(m['solver']['mean_searches'])} | stage s {m['time_s']} | ETA {eta:.0f}s", flush=True)
+    with StepBar("coevo.run", cfg.run.steps, start) as bar:
+        for step in range(start, cfg.run.steps):
+            t0 = time.perf_counter()
+            refs, cursor = next_references(questions, cursor, cfg.proposer.questions_per_step)
+            records, m = coevolution_step(step, refs, actors, cfg, step_seed(cfg.seed, step), progress=LOG.info)
+            with uninterrupted():  # a stop signal waits for the step's outputs and checkpoint to be whole
+                write_task_dump(run_dir, step, records)
+                metrics.log(step, m)
+                if (step + 1) % cfg.run.save_every == 0 or step == cfg.run.steps - 1:
+                    _checkpoint(run_dir, step, cursor, actors)
+            bar.step(step, step_headline(m), time.perf_counter() - t0)
 
 
 def _stopped_advice(run_dir: Path) -> str:
@@ -198,19 +202,18 @@ def main(dcfg: DictConfig) -> None:
         print(f"coevo.run: error: {e}", file=sys.stderr)
         sys.exit(2)
     if cfg.dry_run:
+        setup_logging(cfg.log.level)  # terminal only: a dry run writes no run.log
         print(format_summary(load_stack_summary(cfg)), flush=True)
         return
-    try:
-        check_run_memory(cfg)
-    except MemoryBudgetError as e:
-        sys.exit(str(e))
     run_dir = Path(cfg.run.dir)
     try:
         with stop_on_signals():
             train(cfg, dcfg)
-    except RunDirError as e:
-        print(f"coevo.run: error: {e}", file=sys.stderr)
+    except (RunDirError, PreflightError) as e:
+        report_error("coevo.run", e)
         sys.exit(2)
+    except MemoryBudgetError as e:
+        sys.exit(str(e))
     except ActorFailure as e:
         print(f"coevo: run stopped: {e}\n{_stopped_advice(run_dir)}", file=sys.stderr)
         sys.exit(1)

@@ -15,10 +15,13 @@ import hydra
 from omegaconf import DictConfig
 
 from coevo.core.config import register_schema
+from coevo.core.console import report_error, say, setup_logging
 from coevo.core.lifetime import Stopped, ensure_reaper, stop_on_signals
 from coevo.core.rundir import RunDirError, claim_run_dir, hydra_entries, remove_temp_files
+from coevo.orchestrate.outputs import start_line
 from coevo.orchestrate.solve import run_solve, to_solve_object
 from coevo.train.memory import MemoryBudgetError, check_run_memory
+from coevo.train.preflight import PreflightError, check_models
 
 register_schema()
 
@@ -31,20 +34,21 @@ def main(dcfg: DictConfig) -> None:
     except ValueError as e:
         print(f"coevo.solve: error: {e}", file=sys.stderr)
         sys.exit(2)
-    try:
-        check_run_memory(cfg, with_proposer=False)
-    except MemoryBudgetError as e:
-        sys.exit(str(e))
     run_dir = Path(cfg.run.dir)
     try:
         # Held throughout: metrics.jsonl of two runs would interleave. No resume here: no checkpoints.
         with stop_on_signals(), claim_run_dir(run_dir, resume=False, overwrite=cfg.run.overwrite,
                                               keep=hydra_entries(run_dir)):
             remove_temp_files(run_dir)
+            setup_logging(cfg.log.level, run_dir)  # run.log, once the run owns run.dir
+            sources = check_models(cfg, with_proposer=False)  # before any model loads
+            say(start_line("coevo.solve", cfg, sources, check_run_memory(cfg, with_proposer=False)))
             run_solve(cfg)
-    except RunDirError as e:
-        print(f"coevo.solve: error: {e}", file=sys.stderr)
+    except (RunDirError, PreflightError) as e:
+        report_error("coevo.solve", e)
         sys.exit(2)
+    except MemoryBudgetError as e:
+        sys.exit(str(e))
     except Stopped as e:
         print(f"coevo.solve: stopped by {e}; metrics of the finished steps are in {run_dir / 'metrics.jsonl'}",
               file=sys.stderr, flush=True)

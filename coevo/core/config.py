@@ -100,6 +100,12 @@ class EvalMode(StrEnum):
     agent = "agent"
 
 
+class LogLevel(StrEnum):
+    """What the terminal shows; run.log in run.dir always gets every record at DEBUG."""
+    info = "info"  # start line, progress bars, one line per step, our warnings, anyone's errors
+    debug = "debug"  # also every record run.log gets: libraries, engines (vLLM), Ray
+
+
 class Untagged(StrEnum):
     """What `coevo.eval` predicts on a format failure."""
 
@@ -260,6 +266,12 @@ class RayConfig:
 
 
 @dataclass
+class LogConfig:
+    """Terminal output of every entry point (coevo/core/console.py)."""
+    level: LogLevel = LogLevel.info  # terminal: info (progress, one line per step) | debug (also engine/Ray logs)
+
+
+@dataclass
 class CoevoConfig:
     """Root config of `python -m coevo.run`."""
 
@@ -272,6 +284,7 @@ class CoevoConfig:
     evidence: EvidenceConfig = field(default_factory=EvidenceConfig)
     run: RunConfig = field(default_factory=RunConfig)
     ray: RayConfig = field(default_factory=RayConfig)
+    log: LogConfig = field(default_factory=LogConfig)
     seed: int = 0  # seeds python, numpy and torch
     resume: bool = False  # continue from the latest complete checkpoint in run.dir
     dry_run: bool = False  # resolve and load the stack, print a summary, exit

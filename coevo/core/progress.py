@@ -1,9 +1,13 @@
-"""Progress of long first-use builds (model conversion, retrieval index, entity annotation).
+"""Progress of long first-use builds (model conversion, retrieval index, entity annotation) and of a run.
 
-On a terminal: a tqdm bar with count, rate and ETA on stderr. In logs: one line at start and
-one each time another 10% is done, through the `coevo.progress` logger. Where logging is not
-set up to show INFO lines (the eval entry point, a Ray worker) the lines go to stderr
-instead, so they are never dropped: a log file or Ray's forwarded worker output gets them.
+Builds (`Progress`, `track`): on a terminal, a tqdm bar with count, rate and ETA on stderr;
+and one line at start and one each time another 10% is done, through the `coevo.progress`
+logger (coevo/core/console.py shows it on the terminal and writes it to run.log; a Ray
+worker's goes to the terminal through Ray's forwarding). Where logging is not set up the
+lines go to stderr instead, so they are never dropped.
+
+A run's steps (`StepBar`): a tqdm bar of steps with rate and ETA on a terminal, and one line
+per step with its headline metrics, step time and ETA (`console.say`: terminal and run.log).
 """
 from __future__ import annotations
 
@@ -16,11 +20,13 @@ from typing import IO, Any, Iterable, Iterator, Optional, TypeVar
 from tqdm import tqdm
 from tqdm.contrib.logging import logging_redirect_tqdm
 
+from coevo.core.console import say
+
 LOG = logging.getLogger("coevo.progress")
 T = TypeVar("T")
 
 
-def _duration(seconds: float) -> str:
+def duration(seconds: float) -> str:
     seconds = int(round(seconds))
     if seconds < 60:
         return f"{seconds}s"
@@ -61,9 +67,9 @@ class Progress:
         """The log line after `done` units in `elapsed` seconds (percent, count, rate, elapsed, ETA)."""
         pct = 100 * done // self.total if self.total else 100
         rate = done / elapsed if elapsed > 0 else 0.0
-        eta = _duration((self.total - done) / rate) if rate > 0 else "?"
+        eta = duration((self.total - done) / rate) if rate > 0 else "?"
         return (f"{self.what}: {pct}% ({done}/{self.total} {self.unit}, {rate:.1f} {self.unit}/s, "
-                f"elapsed {_duration(elapsed)}, ETA {eta})")
+                f"elapsed {duration(elapsed)}, ETA {eta})")
 
     def update(self, n: int = 1) -> None:
         self.done += n
@@ -95,3 +101,37 @@ def track(items: Iterable[T], what: str, total: int, unit: str = "it", stream: O
         for item in items:
             yield item
             progress.update()
+
+
+class StepBar:
+    """The run itself: `steps` steps, of which `start` are done (a resumed run); `step()` after each one.
+
+    The bar (tqdm: steps, rate, ETA) shows on a terminal only and is removed at the end
+    (`leave=False`), so what stays on screen is one line per step.
+    """
+
+    def __init__(self, what: str, steps: int, start: int = 0, stream: Optional[IO[str]] = None) -> None:
+        self.steps, self.start = steps, start
+        self._t0 = time.perf_counter()
+        self.bar = tqdm(total=steps, initial=start, desc=what, unit="step", file=stream or sys.stderr, disable=None,
+                        dynamic_ncols=True, leave=False)
+
+    def line_for(self, step: int, headline: str, seconds: float, elapsed: float) -> str:
+        """`[step <n>/<steps>] <headline> | <seconds>s | ETA <time>` after `elapsed` seconds of this run's steps."""
+        done = step - self.start + 1
+        eta = elapsed / done * (self.steps - step - 1) if done > 0 else 0.0
+        return f"[step {step + 1}/{self.steps}] {headline} | {seconds:.1f}s | ETA {duration(eta)}"
+
+    def step(self, step: int, headline: str, seconds: float) -> None:
+        """Step `step` (from 0) is done and took `seconds`: its line, and the bar moves on."""
+        say(self.line_for(step, headline, seconds, time.perf_counter() - self._t0))
+        self.bar.update(1)
+
+    def close(self) -> None:
+        self.bar.close()
+
+    def __enter__(self) -> "StepBar":
+        return self
+
+    def __exit__(self, *exc: Any) -> None:
+        self.close()

@@ -7,7 +7,8 @@
   (the reaper of coevo/core/lifetime.py ends them with it).
 - A directory that already holds a run is refused unless the run resumes it (`resume=true`)
   or asks for it to be emptied (`run.overwrite=true`). Hydra's record of this invocation
-  (`.hydra/`, `<job>.log`: written before our code runs) does not count and is kept. Only
+  (`.hydra/`: written before our code runs) and the run's log (`run.log`, with the vLLM
+  logging config beside it) do not count and are kept. Only
   what a run writes (`RUN_OUTPUTS`) is ever deleted: a directory holding anything else is
   refused even with `run.overwrite=true`, so a mistyped run.dir cannot wipe other files.
 - `check_same_experiment` compares a resumed run's stored config.yaml with the new one on
@@ -35,13 +36,17 @@ from coevo.core.io import is_sibling_of
 
 LOCK_NAME = ".lock"
 CONFIG_NAME = "config.yaml"
+# The run's log (coevo/core/console.py) and the vLLM logging config beside it: opened once the run owns
+# run.dir, appended to by every run there (a resumed run continues its log), never counted as a run's output.
+LOG_NAME = "run.log"
+VLLM_LOGGING_NAME = ".vllm-logging.json"
 # What runs write into run.dir (coevo.run and coevo.solve), temp files of interrupted writes included
 # (atomic_write_text's `.<name>.*.tmp`, the `.tmp-tensorboard-*` dir of a TensorBoard rebuild).
 RUN_OUTPUTS = (LOCK_NAME, CONFIG_NAME, "metrics.jsonl", "tasks", "checkpoints", "tensorboard", ".hydra", "*.log",
                ".*.tmp", ".tmp-tensorboard-*")
 # Keys that do not change what a run computes: its length, place, hardware, engine and labels.
 NOT_EXPERIMENT = ("run.steps", "run.dir", "run.save_every", "run.memory_check", "run.overwrite", "resume", "dry_run",
-                  "experiment_name", "ray.*", "rollout.*", "retrieval.cache_dir", "solve.steps", "*.preset",
+                  "experiment_name", "log.*", "ray.*", "rollout.*", "retrieval.cache_dir", "solve.steps", "*.preset",
                   "*.engine", "*.num_cpus", "*.num_gpus", "*.gpu_memory_utilization", "*.vllm_enforce_eager")
 
 
@@ -117,7 +122,7 @@ def claim_run_dir(run_dir: str | os.PathLike, *, resume: bool, overwrite: bool, 
     run_dir = Path(run_dir)
     lock = lock_run_dir(run_dir)
     try:
-        keep = {LOCK_NAME, *keep}
+        keep = {LOCK_NAME, LOG_NAME, VLLM_LOGGING_NAME, *keep}
         held = sorted(p.name for p in run_dir.iterdir() if p.name not in keep)
         if held and not resume:
             if not overwrite:

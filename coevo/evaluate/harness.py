@@ -30,7 +30,6 @@ from __future__ import annotations
 
 import dataclasses
 import json
-import sys
 import time
 from dataclasses import dataclass, fields, is_dataclass
 from pathlib import Path
@@ -41,6 +40,7 @@ from omegaconf import DictConfig
 from coevo.core.config import CONFIG_DIR, EvalRootConfig, compose, to_object
 from coevo.core.inputs import LabelledQuestion, load_labelled_questions
 from coevo.core.io import atomic_write_text
+from coevo.core.progress import Progress
 from coevo.core.types import SamplingParams
 from coevo.evaluate.metrics import (
     aggregate,
@@ -194,10 +194,6 @@ def single_turn_messages(question: str, documents: Optional[Sequence[Any]] = Non
             {"role": "user", "content": user}]
 
 
-def _progress(mode: str, done: int, total: int, t0: float) -> None:
-    print(f"[eval {mode}] {done}/{total} questions, {time.perf_counter() - t0:.0f}s", file=sys.stderr, flush=True)
-
-
 def _single_turn_prompts(questions: Sequence[EvalQuestion], stack: EvalStack, mode: str,
                          batch_size: int) -> tuple[list[list[int]], list[list[dict[str, Any]]]]:
     """Prompt ids and search records of direct (no search) or rag (one batched search per batch)."""
@@ -227,12 +223,12 @@ def run_single_turn(questions: Sequence[EvalQuestion], stack: EvalStack, mode: s
     params = dataclasses.replace(sampling, stop=[ANSWER_STOP], n=1)
     order = sorted(range(len(prompts)), key=lambda i: len(prompts[i]))
     texts = [""] * len(prompts)
-    t0 = time.perf_counter()
-    for start in range(0, len(order), batch_size):
-        chunk = order[start:start + batch_size]
-        for i, completions in zip(chunk, stack.solver.generate([prompts[i] for i in chunk], params)):
-            texts[i] = completions[0].text
-        _progress(mode, min(start + batch_size, len(order)), len(order), t0)
+    with Progress(f"eval {mode}", len(order), "questions") as progress:
+        for start in range(0, len(order), batch_size):
+            chunk = order[start:start + batch_size]
+            for i, completions in zip(chunk, stack.solver.generate([prompts[i] for i in chunk], params)):
+                texts[i] = completions[0].text
+            progress.update(len(chunk))
     records = []
     for q, text, search in zip(questions, texts, searches):
         prediction, reason = extract_answer(strip_eos(text, stack.solver.tokenizer), untagged)
@@ -279,15 +275,16 @@ def run_agent(batch: Sequence[EvalQuestion], stack: EvalStack, solver_cfg: Any, 
 
 
 def predict(questions: Sequence[EvalQuestion], stack: EvalStack, cfg: EvalRootConfig) -> list[dict[str, Any]]:
-    """Prediction records of all questions in `cfg.mode`, in file order (progress on stderr)."""
+    """Prediction records of all questions in `cfg.mode`, in file order (with a progress bar and 10% lines)."""
     sampling = stack.solver.sampling_from_config(greedy=cfg.greedy, seed=cfg.seed)
     if cfg.mode != "agent":
         return run_single_turn(questions, stack, cfg.mode, sampling, cfg.batch_size, cfg.untagged)
     records: list[dict[str, Any]] = []
-    t0 = time.perf_counter()
-    for start in range(0, len(questions), cfg.batch_size):
-        records += run_agent(questions[start:start + cfg.batch_size], stack, cfg.solver, sampling, cfg.untagged)
-        _progress(cfg.mode, len(records), len(questions), t0)
+    with Progress(f"eval {cfg.mode}", len(questions), "questions") as progress:
+        for start in range(0, len(questions), cfg.batch_size):
+            batch = questions[start:start + cfg.batch_size]
+            records += run_agent(batch, stack, cfg.solver, sampling, cfg.untagged)
+            progress.update(len(batch))
     return records
 
 

@@ -17,6 +17,7 @@ import ray
 from ray.exceptions import RayActorError, RayTaskError
 
 from coevo.core.config import CoevoConfig, PolicyConfig
+from coevo.core.console import WORKER_SETUP_HOOK, route_library_loggers, worker_env
 from coevo.core.lifetime import install_stop_handlers
 from coevo.core.types import Completion, EvidencePath, SamplingParams, Verdict
 from coevo.train.models import resolve_model_path
@@ -227,7 +228,13 @@ def _policy_actor(cfg: PolicyConfig, role: str, seed: int) -> RemotePolicy:
 
 
 def init_ray(cfg: CoevoConfig) -> None:
-    """Join `ray.address` or start a local cluster; the repo is importable in every worker."""
+    """Join `ray.address` or start a local cluster; the repo is importable in every worker.
+
+    Logging (coevo/core/console.py): each worker first runs `setup_worker_logging`, which sends
+    its output to run.log; Ray still forwards worker stderr to the driver (`log_to_driver`), which
+    then carries only build progress (everything with log.level=debug). Ray's own driver-side
+    records go to run.log, and a hub found unreachable by the preflight stays offline in workers.
+    """
     if ray.is_initialized():
         return
     root = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
@@ -236,8 +243,12 @@ def init_ray(cfg: CoevoConfig) -> None:
                         # Ray SIGKILLs an exiting worker's children, multiprocessing's resource tracker
                         # among them, and the engines' shared memory (~160 MB each) stays in /dev/shm;
                         # the actors' reapers end those children instead (coevo/core/lifetime.py).
-                        "RAY_kill_child_processes_on_worker_exit": "0"}}
-    kwargs: dict[str, Any] = {"runtime_env": env, "include_dashboard": False, "log_to_driver": True}
+                        "RAY_kill_child_processes_on_worker_exit": "0",
+                        **worker_env(),
+                        **{k: os.environ[k] for k in ("HF_HUB_OFFLINE",) if k in os.environ}},
+           "worker_process_setup_hook": WORKER_SETUP_HOOK}
+    kwargs: dict[str, Any] = {"runtime_env": env, "include_dashboard": False, "log_to_driver": True,
+                              "configure_logging": False}
     if cfg.ray.address:
         kwargs["address"] = cfg.ray.address
     else:
@@ -248,6 +259,7 @@ def init_ray(cfg: CoevoConfig) -> None:
                              "CPUs (proposer/solver/ranker num_cpus + retrieval + evidence)")
         kwargs["num_cpus"] = cfg.ray.num_cpus or max(need, os.cpu_count() or 1)
     ray.init(**kwargs)
+    route_library_loggers()  # ray.init's own records (cluster started, ...) to run.log, not the terminal
     install_stop_handlers()  # ray.init replaced our SIGTERM handler with one that aborts the driver
 
 

@@ -10,6 +10,7 @@ import math
 from pathlib import Path
 from typing import Any, Iterable, Optional
 
+from coevo.core.config import CoevoConfig
 from coevo.core.io import (
     append_jsonl,
     atomic_dir,
@@ -20,6 +21,8 @@ from coevo.core.io import (
     step_of,
 )
 from coevo.orchestrate.loggers import open_logger
+from coevo.train.memory import Term, estimate_text
+from coevo.train.preflight import ModelSource
 
 
 def dump_path(run_dir: Path, step: int) -> Path:
@@ -115,6 +118,25 @@ def _flatten(d: dict[str, Any], prefix: str = "") -> dict[str, Any]:
         else:
             out[key] = v
     return out
+
+
+def _share(x: Optional[float]) -> str:
+    return "-" if x is None else f"{x:.2f}"
+
+
+def step_headline(m: dict[str, Any]) -> str:
+    """The headline metrics of one step for its terminal line: acceptance (co-evolution) or questions
+    (`coevo.solve`), solver reward and format-valid share, ranker format-valid share ("-": no value)."""
+    first = (f"accepted {m['accepted']}/{m['candidates']}" if "accepted" in m else f"questions {m['questions']}")
+    return (f"{first} | solver reward {_share(m['reward']['solver'])} format {_share(m['solver']['format_valid'])}"
+            f" | ranker format {_share(m['ranker']['format_valid'])}")
+
+
+def start_line(prog: str, cfg: CoevoConfig, sources: list[ModelSource], terms: Optional[list[Term]]) -> str:
+    """The line an entry point starts with once its preflight passed: models, run dir, estimated memory."""
+    models = ", ".join(f"{s.role} {s.preset}" + (f" ({s.detail})" if s.kind == "download" else "") for s in sources)
+    memory = f"; memory: {estimate_text(terms)}" if terms else ""
+    return f"{prog}: {cfg.experiment_name}: {models}; run dir {cfg.run.dir} (log: run.log){memory}"
 
 
 def drop_dumps_after(run_dir: Path, step: int) -> None:

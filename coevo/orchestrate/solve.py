@@ -4,8 +4,8 @@ No proposer here: tasks are labelled questions (JSONL with `question`, `answers`
 `id` and `gold_ids`). One step reads top to bottom in `solve_step`:
 G episodes per question → correctness (token F1 by default in this mode) and tool-aware
 solver rewards → composite ranker rewards and semantic grouping → GRPO advantages →
-one update per trainable policy → one JSON line of metrics (stdout and
-`<run.dir>/metrics.jsonl`).
+one update per trainable policy → one line of metrics in `<run.dir>/metrics.jsonl` and one
+line with its headline figures on the terminal.
 
     python -m coevo.solve                                       # SmolLM2 solver+ranker, wiki_mini dev
     python -m coevo.solve experiment=smoke solve.steps=1        # tiny random models
@@ -16,8 +16,8 @@ in coevo/core/config.py), corpus wiki_mini and `solver.reward.correctness=f1`.
 """
 from __future__ import annotations
 
-import json
 import random
+import time
 from collections import Counter
 from pathlib import Path
 from typing import Any, Iterator, Optional
@@ -28,10 +28,12 @@ from omegaconf import DictConfig
 from coevo.core.config import SolveRootConfig, to_object
 from coevo.core.inputs import load_labelled_questions
 from coevo.core.io import append_jsonl
+from coevo.core.progress import StepBar
 from coevo.core.scoring import exact_match, f1
 from coevo.core.stats import mean
 from coevo.orchestrate.actors import create_local_actors
 from coevo.orchestrate.loop import StageTimer, apply_updates, role_batches, solve_tasks, step_seed
+from coevo.orchestrate.outputs import step_headline
 from solver.agent import Episode, Task
 from solver.ranker import RankerCall
 from solver.reward import relevance_reward
@@ -120,17 +122,19 @@ def solve_step(actors: Any, tasks: list[Task], cfg: SolveRootConfig, seed: int, 
 
 
 def run_solve(cfg: SolveRootConfig) -> list[dict[str, Any]]:
-    """The whole job: load, then `solve.steps` steps; every step's metrics printed and appended."""
+    """The whole job: load, then `solve.steps` steps; every step's metrics appended, its headline printed."""
     random.seed(cfg.seed)
     torch.manual_seed(cfg.seed)
     tasks = load_tasks(cfg.solve.data, cfg.solve.limit)
     actors = create_local_actors(cfg, with_proposer=False)
     metrics_path = Path(cfg.run.dir) / "metrics.jsonl"
     history = []
-    for step, batch in enumerate(question_batches(tasks, cfg.solve.batch_questions, cfg.solve.steps, cfg.seed,
-                                                  cfg.solve.shuffle)):
-        metrics = {"step": step, **solve_step(actors, batch, cfg, step_seed(cfg.seed, step), cfg.solve.train)}
-        print(json.dumps(metrics), flush=True)
-        append_jsonl(metrics_path, metrics)
-        history.append(metrics)
+    batches = question_batches(tasks, cfg.solve.batch_questions, cfg.solve.steps, cfg.seed, cfg.solve.shuffle)
+    with StepBar("coevo.solve", cfg.solve.steps) as bar:
+        for step, batch in enumerate(batches):
+            t0 = time.perf_counter()
+            metrics = {"step": step, **solve_step(actors, batch, cfg, step_seed(cfg.seed, step), cfg.solve.train)}
+            append_jsonl(metrics_path, metrics)  # first: bench/memory.py reads it when the step's line appears
+            history.append(metrics)
+            bar.step(step, step_headline(metrics), time.perf_counter() - t0)
     return history

@@ -25,12 +25,14 @@ peak holds every other term plus the largest transient one (`TRANSIENT`).
 """
 from __future__ import annotations
 
+import logging
 from dataclasses import dataclass
 from typing import Optional
 
 from coevo.core.config import CoevoConfig, PolicyConfig
 from solver.ranker import ranker_policy_config
 
+LOG = logging.getLogger("coevo.memory")
 GIB = 1 << 30
 DTYPE_BYTES = {"float32": 4, "bfloat16": 2, "float16": 2}
 # Saved activations per token and layer, in elements of the model dtype: 13.5k measured for
@@ -291,11 +293,16 @@ def check_run_memory(cfg: CoevoConfig, with_proposer: bool = True,
     try:
         terms = estimate_run(cfg, with_proposer)
     except Exception as e:  # noqa: BLE001 - an unreadable model config fails its own load, with its own message
-        print(f"memory: check skipped, cannot read a model config: {e}", flush=True)
+        LOG.warning("memory: check skipped, cannot read a model config: %s", e)
         return None
     available = meminfo("MemAvailable") if available is None else available
     if peak_bytes(terms) > available:
         raise MemoryBudgetError(budget_message(terms, cfg, available))
-    print(f"memory: estimated peak {peak_bytes(terms) / GIB:.1f} GiB of RAM, {available / GIB:.1f} GiB available",
-          flush=True)
+    LOG.info("memory: %s", estimate_text(terms, available))
     return terms
+
+
+def estimate_text(terms: list[Term], available: Optional[int] = None) -> str:
+    """`estimated peak <x> GiB of RAM[, <y> GiB available]`: the entry points' start line quotes it."""
+    text = f"estimated peak {peak_bytes(terms) / GIB:.1f} GiB of RAM"
+    return text if available is None else f"{text}, {available / GIB:.1f} GiB available"

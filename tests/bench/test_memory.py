@@ -187,7 +187,7 @@ def test_watch_stops_a_run_over_the_cap(trace, tmp_path) -> None:
 
     proc = subprocess.Popen([sys.executable, "-c", "import time; x = bytearray(64 << 20); time.sleep(60)"],
                             stdout=subprocess.PIPE, text=True)
-    t = trace.Trace(tmp_path / "stages.jsonl")
+    t = trace.Trace(tmp_path / "stages.jsonl", tmp_path / "metrics.jsonl")
     args = Namespace(interval=0.1, pss_interval=0.0, rss_cap_mb=32.0, run_timeout=30.0)
     with open(tmp_path / "log", "w") as log:
         try:
@@ -197,3 +197,17 @@ def test_watch_stops_a_run_over_the_cap(trace, tmp_path) -> None:
             t.finish()
     assert error == "killed: the process tree passed --rss-cap-mb 32" and left == []
     assert proc.returncode == -9 and t.samples[-1]["rss"] > 32
+
+
+def test_step_ends_are_the_step_lines_with_their_metrics_records(trace, tmp_path) -> None:
+    import io
+
+    metrics = tmp_path / "metrics.jsonl"
+    metrics.write_text('{"step": 0, "update": {"solver": {"n_seqs": 8}}}\n{"step": 1, "upd')  # step 1: torn
+    t = trace.Trace(tmp_path / "stages.jsonl", metrics)
+    output = io.StringIO("coevo.solve: smoke: solver tiny-random; run dir r (log: run.log); memory: estimated peak "
+                         "2.5 GiB of RAM\n[step 1/3] questions 4 | 0.5s | ETA 1s\n{\"step\": 9}\n"
+                         "[step 2/3] questions 4 | 0.5s | ETA 0s\n")
+    t.read_output(output, io.StringIO())
+    assert t.estimate_gib == 2.5
+    assert len(t.step_ended()) == 1 and t.metrics == [{"step": 0, "update": {"solver": {"n_seqs": 8}}}]

@@ -73,6 +73,13 @@ def test_hydra_record_of_this_invocation_does_not_make_the_dir_used(tmp_path):
         pass
 
 
+def test_the_log_of_a_run_that_stopped_before_writing_does_not_make_the_dir_used(tmp_path):
+    # A run refused by its preflight or memory check leaves only its log: the next one may use the dir.
+    _populate(tmp_path, "run.log", ".vllm-logging.json")
+    with claim_run_dir(tmp_path, resume=False, overwrite=False):
+        assert sorted(p.name for p in tmp_path.iterdir()) == [".lock", ".vllm-logging.json", "run.log"]
+
+
 def test_overwrite_empties_the_dir_first_keeping_this_invocation_and_the_lock(tmp_path):
     _populate(tmp_path, "config.yaml", "metrics.jsonl", "tasks/step_0.jsonl", "checkpoints/step_0/solver/w",
               "checkpoints/.tmp-step_1-ab/w", "tensorboard/events", ".hydra/config.yaml", "run.log",

@@ -1,11 +1,12 @@
-"""Progress of first-use builds: a line per 10% in logs, a bar with rate and ETA on a terminal."""
+"""Progress of first-use builds (a line per 10% in logs, a bar with rate and ETA on a terminal) and of a run's steps."""
 import io
 import logging
+import time
 
 import pytest
 
 from coevo.core import progress as progress_mod
-from coevo.core.progress import Progress, track
+from coevo.core.progress import Progress, StepBar, track
 
 
 class Terminal(io.StringIO):
@@ -93,4 +94,33 @@ def test_a_failed_build_says_where_it_stopped(caplog):
 
 @pytest.mark.parametrize("seconds,text", [(0, "0s"), (59.4, "59s"), (61, "1m01s"), (3600, "1h00m"), (7322, "2h02m")])
 def test_durations(seconds, text):
-    assert progress_mod._duration(seconds) == text
+    assert progress_mod.duration(seconds) == text
+
+
+def test_step_line_has_the_headline_step_time_and_eta():
+    bar = StepBar("coevo.run", 4, start=1, stream=io.StringIO())
+    # Resumed at step 1: after step 2 (the 2nd step of this run) and 10 s, 1 step is left at 5 s a step.
+    assert bar.line_for(2, "accepted 1/4", 4.25, 10.0) == "[step 3/4] accepted 1/4 | 4.2s | ETA 5s"
+    assert bar.line_for(3, "h", 0.0, 12.0) == "[step 4/4] h | 0.0s | ETA 0s"
+    bar.close()
+
+
+def test_steps_print_one_line_each_and_no_bar_off_a_terminal(capsys, clock):
+    stream = io.StringIO()
+    with StepBar("coevo.run", 2, stream=stream) as bar:  # clock: t0 = 0, then 1 and 2 at the two steps
+        bar.step(0, "a", 1.0)
+        bar.step(1, "b", 1.0)
+    assert capsys.readouterr().out.splitlines() == ["[step 1/2] a | 1.0s | ETA 1s", "[step 2/2] b | 1.0s | ETA 0s"]
+    assert stream.getvalue() == ""
+
+
+def test_a_terminal_gets_a_step_bar_with_rate_and_eta(capsys):
+    stream = Terminal()
+    with StepBar("coevo.run", 3, stream=stream) as bar:
+        for step in range(3):
+            time.sleep(0.15)  # past tqdm's 0.1 s redraw interval: each step redraws the bar
+            bar.step(step, "x", 0.15)
+    assert len(capsys.readouterr().out.splitlines()) == 3
+    out = stream.getvalue()
+    assert "coevo.run" in out and "2/3" in out and "step/s" in out and "<00:00" in out  # rate and ETA
+    assert out.endswith("\r")  # leave=False: the bar is wiped at the end, the step lines stay

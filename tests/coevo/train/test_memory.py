@@ -12,6 +12,7 @@ from coevo.train.memory import (
     activation_bytes,
     budget_message,
     check_run_memory,
+    estimate_text,
     generated_rows,
     generation_bytes,
     loaded_policies,
@@ -117,7 +118,7 @@ def test_solve_with_vllm_fits_a_24_gb_machine():
     assert peak_bytes(terms) == lasting + 64 * SMOLLM2_GENERATION + PROCESS_RUNTIME  # 16 questions x 4 rollouts
 
 
-def test_check_refuses_naming_the_largest_terms_and_their_overrides(capsys):
+def test_check_refuses_naming_the_largest_terms_and_their_overrides(caplog):
     cfg = to_object(compose(["experiment=smoke", "rollout=vllm", "solver.kl_coef=0.1"]))
     with pytest.raises(MemoryBudgetError) as err:
         check_run_memory(cfg, available=GIB)
@@ -126,8 +127,10 @@ def test_check_refuses_naming_the_largest_terms_and_their_overrides(capsys):
     assert "run.runtime" in msg and "ray.local=true" in msg
     assert "engine_runtime" in msg and "rollout=hf" in msg
     assert "run.memory_check=false" in msg
-    terms = check_run_memory(cfg, available=1000 * GIB)
-    assert terms and "estimated peak" in capsys.readouterr().out
+    with caplog.at_level("INFO", logger="coevo.memory"):
+        terms = check_run_memory(cfg, available=1000 * GIB)
+    assert terms and f"memory: {estimate_text(terms, 1000 * GIB)}" in caplog.messages
+    assert estimate_text(terms) == f"estimated peak {peak_bytes(terms) / GIB:.1f} GiB of RAM"
     cfg.run.memory_check = False
     assert check_run_memory(cfg, available=GIB) is None
     cfg.run.memory_check, cfg.ray.address = True, "10.0.0.1:6379"  # the actors use another machine's memory
@@ -154,10 +157,10 @@ def test_refusal_suggests_the_micro_batch_that_fits():
     assert "ray.local=true" not in msg  # coevo.solve is one process already
 
 
-def test_an_unreadable_model_config_skips_the_check(capsys):
+def test_an_unreadable_model_config_skips_the_check(caplog):
     cfg = to_object(compose(["experiment=smoke", "solver.model=/nonexistent/model"]))
     assert check_run_memory(cfg, available=GIB) is None
-    assert "check skipped" in capsys.readouterr().out
+    assert [r.levelname for r in caplog.records if "check skipped" in r.getMessage()] == ["WARNING"]
 
 
 def test_generated_rows_per_entry_point():

@@ -1,0 +1,190 @@
+"""Preflight: where every model a command loads comes from, found before anything heavy starts.
+
+`check_models` looks at each loaded role's model (`memory.loaded_policies`: proposer, solver,
+ranker, as the actors load them) without loading it:
+- `checkpoint`: the role's `checkpoint` directory (it replaces the preset's weights);
+- `embedded`: `smollm2-135m` / `tiny-random`, built into $COEVO_CACHE on first use;
+- `local`: a directory given as `model`;
+- `cached`: a hub id whose config and weights are all in the hub cache;
+- `download`: a hub id that is not, with the size of its weights, asked of the hub once.
+A hub id that cannot be had fails at once (`PreflightError`): the hub is unreachable (offline
+mode set, or no answer within `HUB_TIMEOUT_S`), or it has no such model. The message names the
+role, preset, model id and the override that points the role at a local copy; there are no
+retries, and the traceback of the failed request goes to run.log only. When the hub is
+unreachable but every model is on disk, offline mode is switched on for the rest of the run
+(and its workers), so no load waits on the hub.
+"""
+from __future__ import annotations
+
+import json
+import logging
+import os
+import threading
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any, Callable, Optional
+
+from coevo.core.config import CoevoConfig, PolicyConfig
+from coevo.train.memory import loaded_policies
+from coevo.train.models import EMBEDDED, embedded_path
+
+LOG = logging.getLogger("coevo.preflight")
+HUB_TIMEOUT_S = 5.0  # hard deadline of the one request to the hub (DNS included)
+OFFLINE_ENV = ("HF_HUB_OFFLINE", "TRANSFORMERS_OFFLINE")
+GB = 1e9
+
+
+class PreflightError(RuntimeError):
+    """A model the command needs cannot be had; the message says which and how to point at a local copy."""
+
+
+@dataclass
+class ModelSource:
+    """Where one role's model comes from."""
+
+    role: str
+    preset: str
+    model: str
+    kind: str  # checkpoint | embedded | local | cached | download | unreachable | missing
+    detail: str  # its path, download size, or why it cannot be had
+
+    def line(self) -> str:
+        return f"{self.role}: preset {self.preset}, model {self.model}: {self.kind} ({self.detail})"
+
+    def failure(self) -> str:
+        fix = (f"{self.role}.checkpoint=<a directory that exists>" if self.kind == "missing" and
+               self.detail.startswith("checkpoint") else f"{self.role}.model=/local/dir")
+        return (f"the {self.role} model cannot be loaded: preset {self.preset}, model {self.model}: {self.detail}. "
+                f"Use a local copy with {fix}")
+
+
+def offline_mode() -> bool:
+    """HF_HUB_OFFLINE / TRANSFORMERS_OFFLINE set (as huggingface_hub reads them), or switched on by a preflight."""
+    from huggingface_hub import constants
+
+    return constants.HF_HUB_OFFLINE or any(os.environ.get(k, "").upper() in ("1", "ON", "YES", "TRUE")
+                                           for k in OFFLINE_ENV)
+
+
+def go_offline() -> None:
+    """Offline mode for the rest of this process and the processes it starts (Ray workers, engines)."""
+    from huggingface_hub import constants
+
+    os.environ["HF_HUB_OFFLINE"] = "1"
+    constants.HF_HUB_OFFLINE = True  # read once at import; transformers asks huggingface_hub
+
+
+def complete_snapshot(snapshot: Path) -> bool:
+    """The snapshot holds a config and all its weights (every shard its index names)."""
+    if not (snapshot / "config.json").is_file():
+        return False
+    for index in ("model.safetensors.index.json", "pytorch_model.bin.index.json"):
+        if (snapshot / index).is_file():
+            shards = set(json.loads((snapshot / index).read_text(encoding="utf-8"))["weight_map"].values())
+            return all((snapshot / s).is_file() for s in shards)
+    return (snapshot / "model.safetensors").is_file() or (snapshot / "pytorch_model.bin").is_file()
+
+
+def cached_snapshot(repo_id: str) -> Optional[Path]:
+    """The hub cache's snapshot of `repo_id` when it is complete, else None."""
+    from huggingface_hub import try_to_load_from_cache
+
+    config = try_to_load_from_cache(repo_id, "config.json")
+    if not isinstance(config, str):
+        return None
+    return Path(config).parent if complete_snapshot(Path(config).parent) else None
+
+
+def with_deadline(fn: Callable[[], Any], timeout: float) -> Any:
+    """`fn()`, or TimeoutError after `timeout` s (a daemon thread: a hung DNS lookup cannot hold the run)."""
+    box: dict[str, Any] = {}
+
+    def target() -> None:
+        try:
+            box["value"] = fn()
+        except BaseException as e:  # noqa: BLE001 - handed to the caller
+            box["error"] = e
+
+    thread = threading.Thread(target=target, daemon=True, name="hub-preflight")
+    thread.start()
+    thread.join(timeout)
+    if thread.is_alive():
+        raise TimeoutError(f"no answer from the hub within {timeout:g} s")
+    if "error" in box:
+        raise box["error"]
+    return box["value"]
+
+
+def hub_weights_bytes(repo_id: str, timeout: float = HUB_TIMEOUT_S) -> int:
+    """Size of the weights `from_pretrained` downloads (safetensors, else .bin), asked of the hub once."""
+    from huggingface_hub import HfApi
+
+    info = with_deadline(lambda: HfApi().model_info(repo_id, timeout=timeout, files_metadata=True), timeout)
+    files = info.siblings or []
+    weights = [f for f in files if f.rfilename.endswith(".safetensors")] or \
+              [f for f in files if f.rfilename.endswith(".bin")]
+    return sum(f.size or 0 for f in weights)
+
+
+def locate(role: str, policy: PolicyConfig) -> ModelSource:
+    """Where `policy`'s model comes from, without touching the network (`download`: to be asked)."""
+    def source(kind: str, detail: str) -> ModelSource:
+        return ModelSource(role, str(policy.preset), str(policy.model), kind, detail)
+
+    if policy.checkpoint:
+        path = Path(policy.checkpoint).expanduser()
+        return source("checkpoint", str(path)) if path.is_dir() else \
+            source("missing", f"checkpoint directory {policy.checkpoint} does not exist")
+    if policy.model in EMBEDDED:
+        path = embedded_path(policy.model)
+        return source("embedded", str(path) if path.exists() else f"built into {path} on first use")
+    path = Path(policy.model).expanduser()
+    if policy.model.startswith((".", "/", "~")) or path.exists():
+        return source("local", str(path)) if path.is_dir() else \
+            source("missing", f"directory {policy.model} does not exist")
+    snapshot = cached_snapshot(policy.model)
+    return source("cached", str(snapshot)) if snapshot else source("download", "not in the hub cache")
+
+
+def _ask_hub(sources: list[ModelSource]) -> Optional[str]:
+    """Fill in each `download` source's size (or why it cannot be had); returns why the hub is unreachable."""
+    from huggingface_hub import constants
+    from huggingface_hub.errors import RepositoryNotFoundError
+
+    unreachable = "offline mode is on (HF_HUB_OFFLINE / TRANSFORMERS_OFFLINE)" if offline_mode() else None
+    todo = [s for s in sources if s.kind == "download"] or [s for s in sources if s.kind == "cached"][:1]
+    asked: dict[str, str] = {}
+    for s in todo:
+        if unreachable is None and s.model not in asked:
+            try:
+                asked[s.model] = f"{hub_weights_bytes(s.model) / GB:.1f} GB of weights to download"
+            except RepositoryNotFoundError as e:
+                LOG.debug("hub: %s", s.model, exc_info=e)
+                asked[s.model] = f"the hub ({constants.ENDPOINT}) has no model {s.model}, or it needs a login"
+            except Exception as e:  # noqa: BLE001 - whatever failed, the hub cannot be had: say so once
+                LOG.debug("hub: %s", s.model, exc_info=e)
+                unreachable = f"the hub ({constants.ENDPOINT}) is unreachable: {type(e).__name__}: {e}"
+        if s.kind != "download":
+            continue
+        if unreachable is not None:
+            s.kind, s.detail = "unreachable", f"not in the hub cache ({constants.HF_HUB_CACHE}) and {unreachable}"
+        elif asked[s.model].startswith("the hub"):
+            s.kind, s.detail = "missing", asked[s.model]
+        else:
+            s.detail = asked[s.model]
+    return unreachable
+
+
+def check_models(cfg: CoevoConfig, with_proposer: bool = True) -> list[ModelSource]:
+    """Every loaded role's `ModelSource` (logged to run.log); PreflightError naming each one that cannot be had."""
+    sources = [locate(role, policy) for role, policy in loaded_policies(cfg, with_proposer).items()]
+    unreachable = _ask_hub(sources) if any(s.kind in ("download", "cached") for s in sources) else None
+    for s in sources:
+        LOG.info("preflight: %s", s.line())
+    failed = [s for s in sources if s.kind in ("missing", "unreachable")]
+    if failed:
+        raise PreflightError("\n".join(s.failure() for s in failed))
+    if unreachable is not None and not offline_mode():
+        LOG.warning("%s; the models are on disk: loading them in offline mode", unreachable)
+        go_offline()
+    return sources

@@ -1,0 +1,83 @@
+"""A researcher's first hour end to end: what the terminal shows, what run.log keeps, a hub preset offline."""
+import os
+import re
+import resource
+import subprocess
+import sys
+import time
+from datetime import datetime
+from pathlib import Path
+
+import pytest
+
+ROOT = Path(__file__).resolve().parents[2]
+STAMP = re.compile(r"^(\d{4}-\d\d-\d\d \d\d:\d\d:\d\d,\d{3}) ")
+
+
+def run_module(args, env=None, timeout=900):
+    """`python -m <args>` from the repo root; (process, wall seconds, CPU seconds of it and its children)."""
+    before = resource.getrusage(resource.RUSAGE_CHILDREN)
+    t0 = time.perf_counter()
+    proc = subprocess.run([sys.executable, "-m", *args], cwd=ROOT, env=env or dict(os.environ), capture_output=True,
+                          text=True, timeout=timeout)
+    after = resource.getrusage(resource.RUSAGE_CHILDREN)
+    cpu = (after.ru_utime - before.ru_utime) + (after.ru_stime - before.ru_stime)
+    return proc, time.perf_counter() - t0, cpu
+
+
+def log_times(path):
+    return [datetime.strptime(m.group(1), "%Y-%m-%d %H:%M:%S,%f") for line in path.read_text().splitlines()
+            if (m := STAMP.match(line))]
+
+
+@pytest.mark.slow
+def test_smoke_run_prints_a_start_line_one_line_per_step_and_done(tmp_path):
+    run_dir = tmp_path / "run"
+    proc, wall, _ = run_module(["coevo.run", "experiment=smoke", "ray.local=true", "run.steps=2", f"run.dir={run_dir}"])
+    assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-3000:]
+    lines = proc.stdout.splitlines()
+    assert proc.stderr == "", proc.stderr[-3000:]  # no engine, library or Ray output on the terminal
+    assert re.fullmatch(re.escape(f"coevo.run: smoke: proposer tiny-random, solver tiny-random, ranker tiny-random; "
+                                  f"run dir {run_dir} (log: run.log); memory: estimated peak ") + r"[\d.]+ GiB of RAM",
+                        lines[0]), lines[0]
+    assert re.fullmatch(r"\[step 1/2\] accepted \d+/4 \| solver reward \S+ format \S+ \| ranker format \S+ \| "
+                        r"[\d.]+s \| ETA \S+", lines[1]), lines[1]
+    assert lines[2].startswith("[step 2/2] accepted ") and lines[2].endswith("ETA 0s")
+    # The end: a `done:` line (today `done: task dumps in …`; `done: <run dir>` and what the run dir holds
+    # once every entry point ends the same way, issue 16 item 2). Nothing else before it.
+    assert lines[3].startswith("done: "), lines[3:]
+    log = (run_dir / "run.log").read_text()
+    for text in ("preflight: solver: preset tiny-random", "memory: estimated peak", "actors ready in",
+                 "solving with G=2", lines[1], lines[2],
+                 "loading configuration file"):  # transformers' INFO records: the libraries' logs are here too
+        assert text in log, text
+    print(f"smoke run: {wall:.1f}s wall")
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("hub_env", [{"HF_HUB_OFFLINE": "1"}, {"HF_ENDPOINT": "http://127.0.0.1:9"}],
+                         ids=["offline-mode", "unreachable-endpoint"])
+def test_offline_hub_preset_fails_fast_naming_role_preset_and_override(tmp_path, hub_env):
+    # An empty hub cache, and a hub that cannot be reached without touching the network: offline mode, or an
+    # endpoint on this machine where nothing listens.
+    env = {k: v for k, v in os.environ.items() if k not in ("HF_HUB_OFFLINE", "TRANSFORMERS_OFFLINE", "HF_ENDPOINT")}
+    env.update({"HF_HOME": str(tmp_path / "hf"), **hub_env})
+    run_dir = tmp_path / "run"
+    proc, wall, cpu = run_module(["coevo.run", "experiment=smoke", "solver=qwen2.5-7b", "ray.local=true",
+                                  f"run.dir={run_dir}"], env)
+    assert proc.returncode == 2 and proc.stdout == ""
+    reason = ("offline mode is on (HF_HUB_OFFLINE / TRANSFORMERS_OFFLINE)" if "HF_HUB_OFFLINE" in hub_env else
+              "the hub (http://127.0.0.1:9) is unreachable: ConnectError: [Errno 111] Connection refused")
+    assert proc.stderr == (
+        "coevo.run: error: the solver model cannot be loaded: preset qwen2.5-7b, model Qwen/Qwen2.5-7B-Instruct: "
+        f"not in the hub cache ({tmp_path / 'hf' / 'hub'}) and {reason}. Use a local copy with "
+        "solver.model=/local/dir\n")  # one line: no retries, no traceback
+    log = run_dir / "run.log"
+    assert "Traceback" in log.read_text() and "PreflightError" in log.read_text()  # kept for whoever debugs it
+    times = log_times(log)
+    preflight_s = (times[-1] - times[0]).total_seconds()  # from logging set up to the error
+    print(f"offline preset ({'/'.join(hub_env)}): {wall:.1f}s wall, {cpu:.1f}s CPU, preflight {preflight_s:.2f}s")
+    assert preflight_s < 10
+    # End to end it is the interpreter's imports (torch, transformers, Ray) plus the preflight: under 10 s of
+    # CPU; wall time is that on an idle machine, more on a loaded one.
+    assert cpu < 10

@@ -13,10 +13,17 @@ from pathlib import Path
 from typing import Callable, Optional
 
 import pytest
+from hypothesis import HealthCheck, settings
 
 from coevo.core.types import Completion, SamplingParams
 from evidence.corpus import Corpus, Passage
 from evidence.retrieval import Hit
+
+# Every property test runs under this profile: on two cores shared with a long run an example
+# can stall for seconds, so no per-example deadline and no too_slow health check. A test's own
+# @settings only changes what it names (usually max_examples), the rest comes from here.
+settings.register_profile("coevo", deadline=None, suppress_health_check=[HealthCheck.too_slow])
+settings.load_profile("coevo")
 
 
 @pytest.fixture(scope="session")

@@ -14,7 +14,7 @@ BPE_SENTENCES = [
 ]
 
 
-def build_bpe_model(out_dir: Path) -> Path:
+def build_bpe_model(out_dir: Path, sentences: list[str] = BPE_SENTENCES * 4, vocab_size: int = 400) -> Path:
     """A 2-layer Qwen2 with a byte-level BPE tokenizer trained here (sub-word and multi-byte tokens)."""
     from tokenizers import Tokenizer, decoders, models, pre_tokenizers, trainers
     from transformers import PreTrainedTokenizerFast, Qwen2Config, Qwen2ForCausalLM
@@ -25,9 +25,9 @@ def build_bpe_model(out_dir: Path) -> Path:
     tk.pre_tokenizer = pre_tokenizers.ByteLevel(add_prefix_space=False)
     tk.decoder = decoders.ByteLevel()
     specials = ["<|pad|>", "<|im_start|>", "<|im_end|>"]
-    trainer = trainers.BpeTrainer(vocab_size=400, special_tokens=specials,
+    trainer = trainers.BpeTrainer(vocab_size=vocab_size, special_tokens=specials,
                                   initial_alphabet=pre_tokenizers.ByteLevel.alphabet())
-    tk.train_from_iterator(BPE_SENTENCES * 4, trainer)
+    tk.train_from_iterator(sentences, trainer)
     tok = PreTrainedTokenizerFast(tokenizer_object=tk, pad_token="<|pad|>", eos_token="<|im_end|>",
                                   bos_token="<|im_start|>")
     tok.chat_template = CHAT_TEMPLATE
@@ -54,6 +54,17 @@ def tiny_dir(tmp_path_factory: pytest.TempPathFactory) -> Path:
 @pytest.fixture(scope="session")
 def bpe_dir(tmp_path_factory: pytest.TempPathFactory) -> Path:
     return build_bpe_model(tmp_path_factory.mktemp("bpe") / "model")
+
+
+@pytest.fixture(scope="session")
+def prompt_bpe_dir(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    """The BPE model with a vocabulary learnt from the role packages' sources, which hold every
+    prompt's fixed text: prompts take about a word per token instead of a byte, so updates on
+    whole episodes stay quick. Decoding stays exact (byte-level)."""
+    root = Path(__file__).resolve().parents[2]
+    sources = [(root / pkg).glob("*.py") for pkg in ("proposer", "solver")]
+    lines = [line for files in sources for f in sorted(files) for line in f.read_text().splitlines()]
+    return build_bpe_model(tmp_path_factory.mktemp("prompt_bpe") / "model", lines * 2, vocab_size=3000)
 
 
 @pytest.fixture()

@@ -1,7 +1,11 @@
-"""Hand-computed solver (SPEC §4.2) and ranker (SPEC §4.5) rewards."""
+"""Hand-computed solver (SPEC §4.2) and ranker (SPEC §4.5) rewards, and property tests of their ranges."""
 import pytest
+from hypothesis import given
+from hypothesis import strategies as st
 
+from coevo.core.config import RankerConfig
 from evidence.corpus import Passage
+from solver.ranker import RankerCall
 from solver.reward import (
     correctness,
     hit_at_k,
@@ -9,8 +13,11 @@ from solver.reward import (
     ranker_reward,
     relevance_labels,
     relevance_reward,
+    score_ranker_call,
     solver_rewards,
 )
+
+EPS = 1e-12  # float slack of c * (1 - lambda * fraction)
 
 
 def approx(values):
@@ -124,10 +131,6 @@ def test_answer_relevance_is_token_aligned():
 
 
 def test_score_ranker_call_fills_r_rel_and_reward():
-    from coevo.core.config import RankerConfig
-    from solver.ranker import RankerCall
-    from solver.reward import score_ranker_call
-
     call = RankerCall(q0="q", sub_query="s", task_id="t", rollout_idx=0, turn=0, mode="trainable",
                       candidate_ids=["a", "b", "c", "d"], chosen_ids=["b", "c", "a"], format_ok=True, reason="ok",
                       i_ans=True, relevant=[False, False, True, False])
@@ -138,3 +141,62 @@ def test_score_ranker_call_fills_r_rel_and_reward():
     assert score_ranker_call(call, r_main=0.25, cfg=cfg) == 1.25
     call.format_ok = False
     assert score_ranker_call(call, r_main=1.0, cfg=cfg) == -0.2
+
+
+# --- reward ranges (property tests) -------------------------------------------------------
+
+unit = st.floats(0.0, 1.0)
+correctness_values = st.one_of(st.sampled_from([0.0, 1.0]), unit)  # EM or token F1
+rollouts = st.lists(st.tuples(correctness_values,
+                              st.integers(0, 8), st.booleans()),  # searches, format_ok
+                    min_size=1, max_size=8)
+
+
+@given(rollouts, unit, unit)
+def test_solver_reward_is_minus_alpha_or_within_its_correctness_band(group, tool_cost, alpha):
+    c, s, ok = zip(*group)
+    rewards = solver_rewards(c, s, ok, tool_cost, alpha)
+    for ci, si, oki, r in zip(c, s, ok, rewards):
+        if not oki:
+            assert r == -alpha
+        else:
+            assert ci * (1 - tool_cost) - EPS <= r <= ci + EPS
+    # within a group, of two valid rollouts equally correct the one that searched more never earns more
+    for i in range(len(group)):
+        for j in range(len(group)):
+            if ok[i] and ok[j] and c[i] == c[j] and s[i] <= s[j]:
+                assert rewards[i] >= rewards[j] - EPS
+
+
+@given(rollouts, st.integers(0, 7), st.integers(1, 5), unit, unit)
+def test_solver_reward_never_rises_with_more_searches(group, which, extra, tool_cost, alpha):
+    c, s, ok = (list(x) for x in zip(*group))
+    i = which % len(group)
+    before = solver_rewards(c, s, ok, tool_cost, alpha)[i]
+    s[i] += extra
+    assert solver_rewards(c, s, ok, tool_cost, alpha)[i] <= before + EPS
+
+
+@st.composite
+def ranker_calls(draw):
+    n = draw(st.integers(0, 8))
+    top_k = draw(st.integers(1, 6))
+    relevant = draw(st.lists(st.booleans(), min_size=n, max_size=n))
+    ids = [f"p{i}" for i in range(n)]
+    chosen = draw(st.permutations(ids))[: min(top_k, n)]
+    call = RankerCall(q0="q", sub_query="s", task_id="t", rollout_idx=0, turn=0, mode="trainable",
+                      candidate_ids=ids, chosen_ids=chosen, format_ok=draw(st.booleans()), reason="x",
+                      i_ans=any(relevant), relevant=relevant)
+    return call, top_k
+
+
+@given(ranker_calls(), correctness_values, unit, unit)
+def test_ranker_reward_is_within_minus_alpha_and_two(drawn, r_main, gamma, alpha):
+    call, top_k = drawn
+    cfg = RankerConfig(preset="t", model="t", top_k=top_k, gamma=gamma, format_penalty=alpha)
+    reward = score_ranker_call(call, r_main, cfg)
+    assert 0.0 <= call.r_rel <= 1.0 and -alpha <= reward <= 2.0
+    if not call.format_ok:
+        assert reward == -alpha
+    else:
+        assert reward >= 0.0 and (call.i_ans or reward == r_main)

@@ -96,7 +96,7 @@ def test_no_process_outlives_a_killed_driver(tmp_path, shared_data, small_corpus
                                   stderr=subprocess.STDOUT, start_new_session=True)
     tree: dict[int, Proc] = {}
     try:
-        tree = _tree_once_an_engine_runs(driver, timeout_s=240, log=log)
+        tree = _tree_once_an_engine_runs(driver, timeout_s=480, log=log)  # engine start on two loaded cores
         staged = _registered_paths(tree)
         tokens = _tokens(tree)
         assert staged, "the engine registered no staging directory"

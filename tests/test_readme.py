@@ -33,6 +33,7 @@ NOT_RUN = {
 SUBSTITUTIONS = [
     (".venv/bin/python", sys.executable, "the test's interpreter"),
     ("runs/<stamp>", "{run}", "the run `make run` wrote"),
+    ("runs/learning/trained runs/learning/control", "{run} {run}", "that run compared with itself"),
     ("step_<n>", "step_0", "that run has one step"),
     ("../shared/data", "{data}", "the shared data, wherever it is"),
     ("/data/wiki-18.jsonl", "{corpus}", "wiki-18 (21M passages) is not here"),
@@ -138,7 +139,8 @@ def small_corpus(tmp_path_factory, shared_data):
 
 @pytest.mark.slow
 def test_every_readme_command_runs(tmp_path, shared_data, small_corpus):
-    ctx = {"run": str(tmp_path / "runs" / "readme"), "data": str(shared_data), "corpus": str(small_corpus)}
+    ctx = {"run": str(tmp_path / "runs" / "readme"), "data": str(Path(shared_data).resolve()),
+           "corpus": str(small_corpus)}
     env = {**os.environ, "PYTHONPATH": os.pathsep.join([str(ROOT), os.environ.get("PYTHONPATH", "")])}
     failures, times = [], []
     for n, command in enumerate(readme_commands(README.read_text())):

@@ -40,15 +40,8 @@ from coevo.core.config import compose, to_object  # noqa: E402
 from coevo.core.inputs import load_reference_questions  # noqa: E402
 from coevo.core.io import atomic_write_text, read_jsonl  # noqa: E402
 from coevo.orchestrate.actors import create_local_actors  # noqa: E402
-from proposer.pipeline import (  # noqa: E402
-    Candidate,
-    attach_paths,
-    check_questions,
-    check_targets,
-    grounding_titles,
-    propose_questions,
-    propose_targets,
-)
+from coevo.orchestrate.loop import propose_tasks  # noqa: E402
+from proposer.pipeline import Candidate  # noqa: E402
 from proposer.reward import invalid_reward  # noqa: E402
 from solver.ranker import SearchRequest, SearchTool, build_ranker  # noqa: E402
 
@@ -78,12 +71,7 @@ STAGES = ("target_parsed", "target_valid", "path", "question_parsed", "accepted"
 def proposer_arm(actors: Any, cfg: Any, references: list[tuple[int, str]], seed: int) -> dict[str, Any]:
     """One pass of the proposer's stages; acceptance by stage and rejected-group variance."""
     actors.evidence.pipeline.cfg = cfg.evidence  # support_head is read per call
-    titles = grounding_titles(actors.retrieval, [q for _, q in references], cfg.proposer.grounding)
-    cands = propose_targets(actors.proposer, references, cfg.proposer, seed, titles)
-    check_targets(actors.evidence, cands)
-    attach_paths(actors.evidence, cands, seed, direct=cfg.proposer.generation == "direct")
-    propose_questions(actors.proposer, cands, cfg.proposer, seed + 1)
-    check_questions(actors.evidence, cands)
+    cands = propose_tasks(references, actors, cfg, seed)
     n = len(cands)
     passed = Counter(c.stages_passed for c in cands)
     share = {name: round(sum(v for k, v in passed.items() if k > i) / n, 4) for i, name in enumerate(STAGES)}

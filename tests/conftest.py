@@ -8,6 +8,7 @@ sequences can be written down by hand and decode(encode(t)) == t holds exactly.
 """
 from __future__ import annotations
 
+import gzip
 import os
 from pathlib import Path
 from typing import Callable, Optional
@@ -29,9 +30,19 @@ settings.load_profile("coevo")
 @pytest.fixture(scope="session")
 def shared_data() -> Path:
     """`$COEVO_SHARED_DATA` (default ../shared/data); CI has it, so missing data is an error."""
-    path = Path(os.environ.get("COEVO_SHARED_DATA", "../shared/data")).expanduser()
+    # Absolute: subprocess tests run commands from their own temporary directories.
+    path = Path(os.environ.get("COEVO_SHARED_DATA", "../shared/data")).expanduser().resolve()
     if not (path / "wiki_mini" / "corpus.jsonl.gz").exists():
-        pytest.fail(f"shared data not found at {path.resolve()}: set COEVO_SHARED_DATA to the shared data directory")
+        pytest.fail(f"shared data not found at {path}: set COEVO_SHARED_DATA to the shared data directory")
+    return path
+
+
+@pytest.fixture(scope="session")
+def small_corpus(tmp_path_factory: pytest.TempPathFactory, shared_data: Path) -> Path:
+    """The first 80 wiki_mini passages as a JSONL corpus (`corpus=jsonl corpus.path=…`): indexes build in seconds."""
+    path = tmp_path_factory.mktemp("corpus") / "small.jsonl"
+    with gzip.open(shared_data / "wiki_mini" / "corpus.jsonl.gz", "rt") as f, open(path, "w") as out:
+        out.writelines(line for _, line in zip(range(80), f))
     return path
 
 

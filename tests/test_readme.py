@@ -9,7 +9,6 @@ inspect and eval commands read the run that `make run` wrote (`runs/<stamp>`). C
 cannot run here are in `NOT_RUN` with the reason; a README command that is in neither fails
 the test, so a new command cannot go untested by accident.
 """
-import gzip
 import os
 import re
 import shlex
@@ -126,20 +125,10 @@ def prepare(command: str, n: int, work: Path, ctx: dict[str, str]) -> tuple[list
     return args, expected_paths(entry, args, work)
 
 
-@pytest.fixture(scope="module")
-def small_corpus(tmp_path_factory, shared_data):
-    path = tmp_path_factory.mktemp("corpus") / "small.jsonl"
-    with gzip.open(shared_data / "wiki_mini" / "corpus.jsonl.gz", "rt") as f, open(path, "w") as out:
-        for i, line in enumerate(f):
-            if i >= 80:
-                break
-            out.write(line)
-    return path
-
 
 @pytest.mark.slow
 def test_every_readme_command_runs(tmp_path, shared_data, small_corpus):
-    ctx = {"run": str(tmp_path / "runs" / "readme"), "data": str(Path(shared_data).resolve()),
+    ctx = {"run": str(tmp_path / "runs" / "readme"), "data": str(shared_data),
            "corpus": str(small_corpus)}
     env = {**os.environ, "PYTHONPATH": os.pathsep.join([str(ROOT), os.environ.get("PYTHONPATH", "")])}
     failures, times = [], []

@@ -21,7 +21,7 @@ from functools import cached_property
 from pathlib import Path
 from typing import Any, Callable, Optional, Sequence
 
-from coevo.core.stats import mean
+from coevo.core.stats import correctness_shares, mean
 from coevo.evaluate.report import hop_count, label, load_run, number
 
 # series name -> path of keys in a metrics.jsonl line (coevo.orchestrate.records.step_metrics)
@@ -79,13 +79,9 @@ def group_shares(records: Sequence[dict]) -> dict[str, Any]:
     """Solver groups of one step's dump (accepted tasks with rollouts): count and mixed/all-correct/all-wrong shares."""
     groups = [[number(ro.get("correctness")) or 0.0 for ro in r.get("rollouts") or []]
               for r in records if r.get("accepted")]
-    groups = [g for g in groups if g]
-    n = len(groups)
-    correct = sum(1 for g in groups if all(c >= 1.0 for c in g))
-    wrong = sum(1 for g in groups if all(c <= 0.0 for c in g))
-    share = (lambda k: k / n if n else None)  # noqa: E731
-    return {"solver_groups": n, "mixed_groups": share(n - correct - wrong),
-            "all_correct_groups": share(correct), "all_wrong_groups": share(wrong)}
+    shares = correctness_shares(groups)
+    return {"solver_groups": shares["n"], "mixed_groups": shares["mixed"],
+            "all_correct_groups": shares["all_correct"], "all_wrong_groups": shares["all_wrong"]}
 
 
 def update_sizes(metrics_line: dict) -> dict[str, int]:

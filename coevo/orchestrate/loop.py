@@ -55,15 +55,7 @@ def coevolution_step(step: int, references: list[tuple[int, str]], actors: Any, 
                      seed: int, progress: Any = print) -> tuple[list[dict], dict]:
     """Run one step of SPEC §2 and return (task-dump records, metrics)."""
     timer = StageTimer()
-    with timer("target"):
-        titles = grounding_titles(actors.retrieval, [q for _, q in references], cfg.proposer.grounding)
-        cands = propose_targets(actors.proposer, references, cfg.proposer, seed, titles)
-        check_targets(actors.evidence, cands)
-    with timer("path"):
-        attach_paths(actors.evidence, cands, seed, direct=cfg.proposer.generation == "direct")
-    with timer("question"):
-        propose_questions(actors.proposer, cands, cfg.proposer, seed + 1)
-        check_questions(actors.evidence, cands)
+    cands = propose_tasks(references, actors, cfg, seed, timer)
     tasks = {make_task_id(step, pos, c): c for pos, c in enumerate(cands) if c.accepted}
     progress(f"step {step}: {len(tasks)}/{len(cands)} tasks accepted; solving with G={cfg.solver.group_size}")
     todo = [Task(tid, c.question, [c.target], c.path.evidence_ids if c.path is not None else [])
@@ -82,6 +74,25 @@ def coevolution_step(step: int, references: list[tuple[int, str]], actors: Any, 
     records = [candidate_record(c, task_of.get(id(c)), [ep for ep in episodes if ep.task_id == task_of.get(id(c))],
                                 timer.seconds, decode) for c in cands]
     return records, metrics
+
+
+def propose_tasks(references: list[tuple[int, str]], actors: Any, cfg: CoevoConfig, seed: int,
+                  timer: StageTimer | None = None) -> list[Candidate]:
+    """SPEC §3.1-3.4: call 1 → target checks → evidence paths → call 2 → question checks.
+
+    Every candidate comes back with its verdicts; the accepted ones are the step's tasks.
+    """
+    timer = timer if timer is not None else StageTimer()
+    with timer("target"):
+        titles = grounding_titles(actors.retrieval, [q for _, q in references], cfg.proposer.grounding)
+        cands = propose_targets(actors.proposer, references, cfg.proposer, seed, titles)
+        check_targets(actors.evidence, cands)
+    with timer("path"):
+        attach_paths(actors.evidence, cands, seed, direct=cfg.proposer.generation == "direct")
+    with timer("question"):
+        propose_questions(actors.proposer, cands, cfg.proposer, seed + 1)
+        check_questions(actors.evidence, cands)
+    return cands
 
 
 def make_task_id(step: int, position: int, cand: Candidate) -> str:

@@ -4,7 +4,7 @@ from __future__ import annotations
 from collections import Counter
 from typing import Any, Callable, Optional, Sequence
 
-from coevo.core.stats import mean
+from coevo.core.stats import correctness_shares, mean
 from proposer.pipeline import Candidate
 from solver.agent import Episode
 from solver.reward import hit_at_k
@@ -55,16 +55,11 @@ def step_metrics(cands: Sequence[Candidate], episodes: Sequence[Episode], groups
 
 
 def solver_group_shares(episodes: Sequence[Episode]) -> dict[str, Optional[float]]:
-    """Shares of solver groups (one task's rollouts) whose correctness is mixed / all >= 1 / all <= 0
-    (ZEST's analysis of the difficulty reward: a group without variance teaches nothing)."""
+    """`correctness_shares` of the step's solver groups (one task's rollouts each)."""
     by_task: dict[str, list[float]] = {}
     for ep in episodes:
         by_task.setdefault(ep.task_id, []).append(ep.correctness)
-    n = len(by_task)
-    all_correct = sum(1 for v in by_task.values() if min(v) >= 1)
-    all_wrong = sum(1 for v in by_task.values() if max(v) <= 0)
-    return {"n": n, "mixed": _rate(n - all_correct - all_wrong, n), "all_correct": _rate(all_correct, n),
-            "all_wrong": _rate(all_wrong, n)}
+    return correctness_shares(list(by_task.values()))
 
 
 def rejection_rates(cands: Sequence[Candidate]) -> dict[str, Optional[float]]:

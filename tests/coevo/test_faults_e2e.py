@@ -1,7 +1,6 @@
 """Fault injection through `python -m coevo.run` (issue 14): tiny models, `ray.local=true`
 (except the one check of Ray's signal handling). Unit-level cases: tests/coevo/test_faults.py.
 """
-import gzip
 import json
 import os
 import signal
@@ -18,13 +17,6 @@ from coevo.train.checkpoint import latest_checkpoint, verify_checkpoint
 pytestmark = pytest.mark.slow
 ROOT = Path(__file__).resolve().parents[2]
 
-
-@pytest.fixture(scope="module")
-def small_corpus(tmp_path_factory, shared_data):
-    path = tmp_path_factory.mktemp("corpus") / "small.jsonl"
-    with gzip.open(shared_data / "wiki_mini" / "corpus.jsonl.gz", "rt") as f, open(path, "w") as out:
-        out.writelines(line for _, line in zip(range(80), f))
-    return path
 
 
 def _cmd(run_dir, corpus, *extra):

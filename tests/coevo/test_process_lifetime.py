@@ -68,15 +68,6 @@ def _read(path: str) -> bytes:
         return b""
 
 
-@pytest.fixture(scope="module")
-def small_corpus(tmp_path_factory, shared_data):
-    import gzip
-
-    path = tmp_path_factory.mktemp("corpus") / "small.jsonl"
-    with gzip.open(shared_data / "wiki_mini" / "corpus.jsonl.gz", "rt") as f, open(path, "w") as out:
-        out.writelines(line for _, line in zip(range(80), f))
-    return path
-
 
 @pytest.mark.parametrize("entry, sig, extra", [
     # The engine is a Ray actor's child, in a Ray cluster the driver started; one engine (the

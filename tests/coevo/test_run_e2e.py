@@ -15,18 +15,6 @@ from coevo.train.checkpoint import latest_checkpoint
 ROOT = Path(__file__).resolve().parents[2]
 
 
-@pytest.fixture(scope="module")
-def small_corpus(tmp_path_factory, shared_data):
-    import gzip
-
-    path = tmp_path_factory.mktemp("corpus") / "small.jsonl"
-    with gzip.open(shared_data / "wiki_mini" / "corpus.jsonl.gz", "rt") as f, open(path, "w") as out:
-        for i, line in enumerate(f):
-            if i >= 80:
-                break
-            out.write(line)
-    return path
-
 
 def _run(run_dir, corpus, *extra, wait=True):
     cmd = [sys.executable, "-m", "coevo.run", "experiment=smoke", "corpus=jsonl", f"corpus.path={corpus}",

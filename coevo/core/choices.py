@@ -1,0 +1,107 @@
+"""The enumerated choices of config fields (the `StrEnum` types of coevo/core/config.py's schema).
+
+Member names equal their values: members compare equal to, hash like and format as their
+strings (`cfg.ranker.mode == "frozen"`, f-strings and json.dumps keep working), and OmegaConf
+writes them back as the plain strings. Hydra refuses any other value, naming the choices.
+"""
+from __future__ import annotations
+
+from enum import StrEnum
+
+
+class Engine(StrEnum):
+    """Generation engine."""
+
+    hf = "hf"
+    vllm = "vllm"
+
+
+class DType(StrEnum):
+    """Parameter dtype."""
+
+    float32 = "float32"
+    bfloat16 = "bfloat16"
+    float16 = "float16"
+
+
+class ProposerGeneration(StrEnum):
+    """How proposer call 2 is grounded."""
+
+    path = "path"  # a certified multi-hop evidence path (ZEST)
+    direct = "direct"  # the target's answer-side passage only (ZEST's comparison for path guidance)
+
+
+class ProposerReward(StrEnum):
+    """Difficulty reward of a task solved by a share p of the solver's rollouts."""
+
+    abs = "abs"  # 1 - |2p - 1|
+    quadratic = "quadratic"  # 4p(1 - p)
+    adversarial = "adversarial"  # 1 - p: monotonic, the harder the better (ZEST's comparison)
+
+
+class Correctness(StrEnum):
+    """How a solver answer is scored against the gold answers."""
+
+    em = "em"
+    f1 = "f1"
+
+
+class RankerMode(StrEnum):
+    """What the search tool does after first-stage retrieval."""
+
+    trainable = "trainable"  # the ranker model re-ranks and is trained
+    frozen = "frozen"  # the ranker model re-ranks with its initial weights (loaded frozen)
+    none = "none"  # no ranker: the first-stage top-K
+    oracle = "oracle"  # answer-containing candidates promoted to the top (upper bound)
+
+
+class Grouping(StrEnum):
+    """How ranker calls are grouped for GRPO."""
+
+    semantic = "semantic"
+    by_question = "by_question"
+
+
+class Relevance(StrEnum):
+    """Pseudo-relevance label of a ranked passage."""
+
+    answer = "answer"
+    evidence = "evidence"
+    both = "both"
+
+
+class RetrievalBackend(StrEnum):
+    """First-stage retriever implementation."""
+
+    bm25s = "bm25s"
+    rank_bm25 = "rank_bm25"
+    dense_minilm = "dense_minilm"
+
+
+class EvalMode(StrEnum):
+    """How `coevo.eval` asks the solver (see coevo/evaluate/harness.py)."""
+
+    direct = "direct"
+    rag = "rag"
+    agent = "agent"
+
+
+class LogLevel(StrEnum):
+    """What the terminal shows; run.log in run.dir always gets every record at DEBUG."""
+    info = "info"  # start line, progress bars, one line per step, our warnings, anyone's errors
+    debug = "debug"  # also every record run.log gets: libraries, engines (vLLM), Ray
+
+
+class Untagged(StrEnum):
+    """What `coevo.eval` predicts on a format failure."""
+
+    empty = "empty"
+    raw = "raw"
+
+
+class Logger(StrEnum):
+    """Where a run's per-step metrics go besides metrics.jsonl."""
+
+    tensorboard = "tensorboard"  # event files in <run.dir>/tensorboard
+    wandb = "wandb"  # Weights & Biases (optional package); offline unless WANDB_MODE is set
+    none = "none"  # metrics.jsonl only

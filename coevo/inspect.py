@@ -3,16 +3,19 @@
 Terminal summary: acceptance per stage with reason-code counts, accuracy (difficulty) and
 hop histograms, searches per solved task, reward trends, example tasks. Filters: --step,
 --verdict, --reason, --hops. `--html out.html` writes a self-contained report with plots.
-Reads runs that are still going or were killed (torn last lines are skipped).
+Reads runs that are still going or were killed (torn last lines are skipped). Ends with
+`done: <run_dir>` and what the run holds (on stderr with --json, so stdout stays JSON).
 """
 from __future__ import annotations
 
 import argparse
 import json
+import sys
 from pathlib import Path
 from typing import Optional
 
 from coevo.evaluate.report import filter_records, format_summary, load_run, summarize, write_html
+from coevo.orchestrate.persist import done_report, run_contents
 
 
 def main(argv: Optional[list[str]] = None) -> int:
@@ -32,9 +35,11 @@ def main(argv: Optional[list[str]] = None) -> int:
     examples = [r for r in records if r.get("accepted")][: args.examples] or records[: args.examples]
     text = format_summary(summary, metrics, examples)
     print(json.dumps(summary) if args.json else text)
+    rows = [row for row in run_contents(args.run_dir) if row[0] != "inspect with"]
     if args.html:
         write_html(args.html, args.run_dir, text, metrics, records)
-        print(f"HTML report: {args.html}")
+        rows.append(("report", f"{args.html} (self-contained HTML)"))
+    print(done_report(args.run_dir, rows=rows), file=sys.stderr if args.json else sys.stdout)
     return 0
 
 

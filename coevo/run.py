@@ -6,7 +6,8 @@ checkpoint. The run holds `run.dir`'s lock throughout and refuses a directory th
 holds a run unless `resume=true` (continue it: the newest checkpoint that verifies, same
 experiment keys) or `run.overwrite=true` (empty it first); see coevo/core/rundir.py.
 Ctrl-C or SIGTERM stops after the step's outputs in progress are written whole (exit code
-128 + the signal number).
+128 + the signal number). The last lines are `done: <run dir>` and what it holds, also after
+a stop (coevo/orchestrate/persist.py, shared with coevo.solve). `--help` lists every key.
 """
 from __future__ import annotations
 
@@ -14,42 +15,19 @@ import random
 import sys
 import time
 from pathlib import Path
-from typing import Optional
 
 import hydra
 from omegaconf import DictConfig, OmegaConf
 
+from coevo.core.cli import hydra_entry
 from coevo.core.config import CoevoConfig, register_schema, to_object
 from coevo.core.inputs import load_reference_questions
-from coevo.core.lifetime import Stopped, ensure_reaper, stop_on_signals, uninterrupted
-from coevo.core.rundir import (
-    CONFIG_NAME,
-    RunDirError,
-    RunDirLock,
-    check_same_experiment,
-    claim_run_dir,
-    hydra_entries,
-    remove_temp_files,
-)
-from coevo.orchestrate.actors import ActorFailure, create_actors, create_local_actors
+from coevo.core.lifetime import ensure_reaper, uninterrupted
+from coevo.orchestrate.actors import create_actors, create_local_actors
 from coevo.orchestrate.loop import coevolution_step, step_seed
-from coevo.orchestrate.outputs import (
-    MetricsLog,
-    drop_dumps_after,
-    write_config,
-    write_task_dump,
-)
+from coevo.orchestrate.outputs import MetricsLog, write_task_dump
+from coevo.orchestrate.persist import checkpoint_due, open_run, restore, run_and_report, save_step
 from coevo.orchestrate.stack import format_summary, load_stack_summary
-from coevo.train.checkpoint import (
-    drop_checkpoints_after,
-    latest_checkpoint,
-    prune_checkpoints,
-    read_state,
-    remove_partial_checkpoints,
-    restore_rng,
-    resumable_checkpoint,
-    save_checkpoint,
-)
 from coevo.train.memory import MemoryBudgetError, check_run_memory
 
 register_schema()
@@ -61,84 +39,17 @@ def next_references(questions: list[str], cursor: int, n: int) -> tuple[list[tup
     return picked, cursor + n
 
 
-def _resume_point(cfg: CoevoConfig, run_dir: Path, config_yaml: str) -> Optional[Path]:
-    """The verified checkpoint to resume from (None: start at step 0), once the experiment is known to match."""
-    if not cfg.resume:
-        return None
-    stored = (run_dir / CONFIG_NAME).exists()
-    if stored:
-        check_same_experiment(run_dir, config_yaml, type(cfg))
-    ckpt, skipped = resumable_checkpoint(run_dir)
-    for path, why in skipped:
-        print(f"resume: skipping {path.name}: {why}", flush=True)
-    if ckpt is None and skipped:
-        raise RunDirError(f"resume=true but no checkpoint in {run_dir / 'checkpoints'} verifies (reasons above); "
-                          "run.overwrite=true deletes them and starts over")
-    if ckpt is not None and not stored:
-        raise RunDirError(f"resume=true but {run_dir / CONFIG_NAME} is missing: cannot check that this run "
-                          "continues the same experiment")
-    if ckpt is None:
-        print(f"resume=true but {run_dir} holds no checkpoint yet: starting at step 0", flush=True)
-    return ckpt
-
-
-def _restore(ckpt: Optional[Path], run_dir: Path, actors) -> tuple[int, int]:  # noqa: ANN001
-    """(first step to run, data cursor), restoring policies and RNG from `ckpt` and dropping later outputs."""
-    if ckpt is None:
-        drop_dumps_after(run_dir, -1)
-        return 0, 0
-    state = read_state(ckpt)
-    if sorted(state["roles"]) != sorted(actors.trainable):
-        raise RunDirError(f"checkpoint {ckpt} holds the roles {sorted(state['roles'])} but this run trains "
-                          f"{sorted(actors.trainable)}")
-    for role, policy in actors.trainable.items():
-        policy.load(str(ckpt / role))
-    restore_rng(state["rng"])
-    drop_dumps_after(run_dir, state["step"])
-    dropped = drop_checkpoints_after(run_dir, state["step"])
-    print(f"resumed from {ckpt} (step {state['step']} done, cursor {state['cursor']})"
-          + (f"; deleted the unverified {', '.join(dropped)}" if dropped else ""), flush=True)
-    return state["step"] + 1, state["cursor"]
-
-
-def _checkpoint(run_dir: Path, step: int, cursor: int, actors) -> Path:  # noqa: ANN001
-
-    def save(role: str, path: Path) -> None:
-        actors.trainable[role].save(str(path))
-
-    path = save_checkpoint(run_dir, step, cursor, save, sorted(actors.trainable))
-    prune_checkpoints(run_dir, keep=2)
-    return path
-
-
-def _claim(cfg: CoevoConfig, run_dir: Path) -> RunDirLock:
-    """This run's lock on run.dir, with the directory emptied (run.overwrite) and a killed run's temp files gone."""
-    lock = claim_run_dir(run_dir, resume=cfg.resume, overwrite=cfg.run.overwrite, keep=hydra_entries(run_dir),
-                         resumable=latest_checkpoint(run_dir) is not None)
-    try:
-        removed = remove_partial_checkpoints(run_dir) + remove_temp_files(run_dir)
-    except BaseException:
-        lock.release()
-        raise
-    if removed:
-        print(f"removed what an interrupted run left in {run_dir}: {', '.join(removed)}", flush=True)
-    return lock
-
-
 def train(cfg: CoevoConfig, dcfg: DictConfig) -> Path:
     """Run the co-evolution loop, holding run.dir's lock throughout; returns the run directory."""
     run_dir = Path(cfg.run.dir)
-    with _claim(cfg, run_dir):
-        config_yaml = OmegaConf.to_yaml(dcfg, resolve=True)
-        ckpt = _resume_point(cfg, run_dir, config_yaml)
-        write_config(run_dir, config_yaml)
+    with open_run(cfg, OmegaConf.to_yaml(dcfg, resolve=True)) as ckpt:
         questions, report = load_reference_questions(cfg.run.reference_questions)
         if report.message():
             print(f"run.reference_questions: {report.message()}", flush=True)
         random.seed(cfg.seed)
         t0 = time.perf_counter()
         actors = create_local_actors(cfg) if cfg.ray.local else create_actors(cfg)
-        start, cursor = _restore(ckpt, run_dir, actors)
+        start, cursor = restore(ckpt, run_dir, actors)
         metrics = MetricsLog(run_dir, start=start)
         print(f"actors ready in {time.perf_counter() - t0:.1f}s; {len(questions)} reference questions; "
               f"steps {start}..{cfg.run.steps - 1}; run dir {run_dir}", flush=True)
@@ -146,8 +57,6 @@ def train(cfg: CoevoConfig, dcfg: DictConfig) -> Path:
             _loop(cfg, run_dir, actors, questions, metrics, start, cursor)
         finally:
             metrics.close()
-    print(f"done: task dumps in {run_dir / 'tasks'}, metrics in {run_dir / 'metrics.jsonl'}; "
-          f"inspect with: python -m coevo.inspect {run_dir}", flush=True)
     return run_dir
 
 
@@ -161,8 +70,8 @@ def _loop(cfg: CoevoConfig, run_dir: Path, actors, questions: list[str], metrics
         with uninterrupted():  # a stop signal waits for the step's outputs and checkpoint to be whole
             write_task_dump(run_dir, step, records)
             metrics.log(step, m)
-            if (step + 1) % cfg.run.save_every == 0 or step == cfg.run.steps - 1:
-                _checkpoint(run_dir, step, cursor, actors)
+            if checkpoint_due(step, cfg.run.steps, cfg.run.save_every):
+                save_step(run_dir, step, cursor, actors)
         _print_progress(step, m, cfg.run.steps, start, started)
 
 
@@ -174,15 +83,6 @@ def _print_progress(step: int, m: dict, steps: int, start: int, started: float) 
     print(f"[step {step + 1}/{steps}] accepted {m['accepted']}/{m['candidates']} | reward proposer "
           f"{fmt(r['proposer'])} solver {fmt(r['solver'])} ranker {fmt(r['ranker'])} | "
           f"searches {fmt(m['solver']['mean_searches'])} | stage s {m['time_s']} | ETA {eta:.0f}s", flush=True)
-
-
-def _stopped_advice(run_dir: Path) -> str:
-    """What to do after the run stopped: resume only when there is a checkpoint to resume from."""
-    ckpt = latest_checkpoint(run_dir)
-    if ckpt is None:
-        return (f"No checkpoint was written in {run_dir}: rerun with run.overwrite=true (or another run.dir) "
-                "to start over.")
-    return f"The last complete checkpoint, {ckpt}, is intact; rerun with resume=true to continue."
 
 
 @hydra.main(config_path="../configs", config_name="coevo", version_base="1.3")
@@ -201,20 +101,8 @@ def main(dcfg: DictConfig) -> None:
         check_run_memory(cfg)
     except MemoryBudgetError as e:
         sys.exit(str(e))
-    run_dir = Path(cfg.run.dir)
-    try:
-        with stop_on_signals():
-            train(cfg, dcfg)
-    except RunDirError as e:
-        print(f"coevo.run: error: {e}", file=sys.stderr)
-        sys.exit(2)
-    except ActorFailure as e:
-        print(f"coevo: run stopped: {e}\n{_stopped_advice(run_dir)}", file=sys.stderr)
-        sys.exit(1)
-    except Stopped as e:
-        print(f"coevo: stopped by {e}. {_stopped_advice(run_dir)}", file=sys.stderr, flush=True)
-        sys.exit(e.exit_code)
+    run_and_report("coevo.run", Path(cfg.run.dir), lambda: train(cfg, dcfg))
 
 
 if __name__ == "__main__":
-    main()
+    hydra_entry(main, "coevo", to_object)

@@ -35,7 +35,7 @@ def main(argv: Optional[list[str]] = None) -> int:
     examples = [r for r in records if r.get("accepted")][: args.examples] or records[: args.examples]
     text = format_summary(summary, metrics, examples)
     print(json.dumps(summary) if args.json else text)
-    rows = [row for row in run_contents(args.run_dir) if row[0] != "inspect with"]
+    rows = [row for row in run_contents(args.run_dir) if row[0] != "inspect"]
     if args.html:
         write_html(args.html, args.run_dir, text, metrics, records)
         rows.append(("report", f"{args.html} (self-contained HTML)"))

@@ -171,7 +171,7 @@ def run_contents(run_dir: Path) -> list[tuple[str, str]]:
     if (run_dir / CONFIG_NAME).is_file():
         rows.append(("config", str(run_dir / CONFIG_NAME)))
     if dumps:
-        rows.append(("inspect with", f"python -m coevo.inspect {run_dir}"))
+        rows.append(("inspect", f"python -m coevo.inspect {run_dir}"))
     return rows
 
 

@@ -44,7 +44,7 @@ def _run(run_dir, corpus, *extra, wait=True):
 def test_smoke_run_then_resume(tmp_path, small_corpus):
     run_dir = tmp_path / "run"
     out = _run(run_dir, small_corpus, "run.steps=2")
-    assert "[step 2/2]" in out and "inspect with" in out
+    assert "[step 2/2]" in out and f"  inspect      python -m coevo.inspect {run_dir}" in out
     for step in (0, 1):
         rows = read_jsonl(run_dir / "tasks" / f"step_{step}.jsonl")
         assert len(rows) == 4  # 2 reference questions x proposer.group_size 2

@@ -2,22 +2,37 @@
 
     python -m coevo.eval solver=smollm2-135m data=../shared/data/benchmarks/dev.jsonl mode=rag out=rag.json
     python -m coevo.eval --compare a.json b.json                         # side by side, deltas B - A
+    python -m coevo.eval --help [group | block | key]                    # every key, documented
+
+Ends with `done: <out>` and what the result holds.
 """
 from __future__ import annotations
 
+import logging
 import sys
-from typing import Optional
+from typing import Any, Optional
 
 import hydra
 from omegaconf import DictConfig
 
-from coevo.core.config import register_schema
+from coevo.core.cli import hydra_entry
+from coevo.core.config import EvalRootConfig, register_schema
 from coevo.core.console import report_error, setup_logging
-from coevo.evaluate.harness import check_override_keys, run_eval, to_eval_object
+from coevo.evaluate.harness import run_eval, to_eval_object
 from coevo.evaluate.metrics import compare_files, format_table, result_title
+from coevo.orchestrate.persist import error_line
+from coevo.orchestrate.stack import format_summary, load_stack_summary, model_roles
 from coevo.train.preflight import PreflightError, check_models
 
 register_schema()
+log = logging.getLogger(__name__)
+
+
+def _done(cfg: EvalRootConfig, result: dict[str, Any]) -> str:
+    datasets = {name: m["n"] for name, m in result["metrics"].items() if name != "average"}
+    counts = ", ".join(f"{name} {n}" for name, n in datasets.items())
+    return (f"done: {cfg.out}\n  results      {sum(datasets.values())} questions ({counts}), mode {cfg.mode}, "
+            f"ranker {cfg.ranker.mode}\n  compare with python -m coevo.eval --compare {cfg.out} <other result>.json")
 
 
 @hydra.main(config_path="../configs", config_name="eval", version_base="1.3")
@@ -28,32 +43,36 @@ def _hydra_main(dcfg: DictConfig) -> None:
         print(f"coevo.eval: error: {e}", file=sys.stderr)
         sys.exit(2)
     setup_logging(cfg.log.level)  # no run directory: the terminal only
+    if cfg.mode == "direct" and cfg.ranker.checkpoint:
+        print("coevo.eval: note: mode=direct uses no ranker; ranker.checkpoint is ignored", file=sys.stderr)
+    if cfg.dry_run:
+        roles = model_roles(cfg, proposer=False, ranker=cfg.mode != "direct")
+        print(format_summary(load_stack_summary(cfg, roles)), flush=True)
+        return
     try:
         check_models(cfg, with_proposer=False)  # every model located before any loads
     except PreflightError as e:
         report_error("coevo.eval", e)
         sys.exit(2)
-    if cfg.mode == "direct" and cfg.ranker.checkpoint:
-        print("coevo.eval: note: mode=direct uses no ranker; ranker.checkpoint is ignored", file=sys.stderr)
-    result = run_eval(cfg)
+    try:
+        result = run_eval(cfg)
+    except Exception as e:  # noqa: BLE001  the traceback is logged; the last line still says what happened
+        log.exception("coevo.eval stopped on an error")
+        print(f"done: {cfg.out} (stopped on an error: {error_line(e)}; nothing written)", file=sys.stderr)
+        sys.exit(1)
     print(format_table(result["metrics"], result_title(result)))
-    print(f"wrote {cfg.out}")
+    print(_done(cfg, result), flush=True)
 
 
 def main(argv: Optional[list[str]] = None) -> None:
-    """CLI: `--compare A B`, or Hydra overrides (checked for unknown keys first)."""
+    """CLI: `--compare A B`, or Hydra overrides (checked, composed and validated before Hydra runs)."""
     args = list(sys.argv[1:] if argv is None else argv)
     if args[:1] == ["--compare"]:
         if len(args) != 3:
             sys.exit("usage: python -m coevo.eval --compare A.json B.json")
         print(compare_files(args[1], args[2]))
         return
-    try:
-        check_override_keys(args)
-    except ValueError as e:
-        print(f"coevo.eval: error: {e}", file=sys.stderr)
-        sys.exit(2)
-    _hydra_main()
+    hydra_entry(_hydra_main, "eval", to_eval_object, args)
 
 
 if __name__ == "__main__":

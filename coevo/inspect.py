@@ -9,18 +9,21 @@ its evidence path, rollouts and ranker calls. The filters choose the tasks liste
 funnel and charts count every candidate of the steps read (--step reads one).
 `--compare RUN_A RUN_B [...]` puts several runs on one page (trained vs control, two
 ablations): last-quarter means, each run's funnel, every per-step series overlaid.
-Reads runs that are still going or were killed (torn last lines are skipped).
+Reads runs that are still going or were killed (torn last lines are skipped). Ends with
+`done: <run_dir>` and what the run holds (on stderr with --json, so stdout stays JSON).
 """
 from __future__ import annotations
 
 import argparse
 import json
+import sys
 from pathlib import Path
 from typing import Optional
 
 from coevo.evaluate.report import filter_records, format_summary, summarize
 from coevo.evaluate.report_page import compare_page, format_compare, last_quarter_rows, run_page, write_page
 from coevo.evaluate.series import run_data
+from coevo.orchestrate.persist import done_report, run_contents
 
 
 def _parser() -> argparse.ArgumentParser:
@@ -54,9 +57,12 @@ def _compare(ap: argparse.ArgumentParser, args: argparse.Namespace) -> int:
                                       "funnel": run.total_funnel} for i, run in enumerate(runs)}))
     else:
         print(format_compare(runs))
+    rows = []
     if args.html:
         write_page(args.html, compare_page(runs))
-        print(f"HTML report: {args.html}")
+        rows.append(("report", f"{args.html} (self-contained HTML)"))
+    rows += [(run.label, f"python -m coevo.inspect {path}") for run, path in zip(runs, args.compare)]
+    print(done_report(f"compared {len(runs)} runs", rows=rows), file=sys.stderr if args.json else sys.stdout)
     return 0
 
 
@@ -73,9 +79,11 @@ def main(argv: Optional[list[str]] = None) -> int:
     examples = [r for r in records if r.get("accepted")][: args.examples] or records[: args.examples]
     text = format_summary(summary, run.metrics, examples)
     print(json.dumps(summary) if args.json else text)
+    rows = [row for row in run_contents(args.run_dir) if row[0] != "inspect"]
     if args.html:
         write_page(args.html, run_page(run, records, args.max_tasks))
-        print(f"HTML report: {args.html}")
+        rows.append(("report", f"{args.html} (self-contained HTML)"))
+    print(done_report(args.run_dir, rows=rows), file=sys.stderr if args.json else sys.stdout)
     return 0
 
 

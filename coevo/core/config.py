@@ -1,9 +1,9 @@
 """Typed configuration: the schemas Hydra composes `configs/` into, for all three roots.
 
-Every field carries one line of documentation. Hydra validates overrides against these
-dataclasses, so an unknown key, a wrong type or a value outside an enumeration fails with
-an error naming the key (and, for an enumeration, the valid choices); `to_object` then
-checks every numeric key against its range (coevo/core/ranges.py). The roots are
+Every field carries one line of documentation (`--help` prints it: coevo/core/schema.py).
+A key the schema does not know fails with the closest known key (with `+` too), a wrong type
+or a value outside an enumeration with an error naming the key (and, for an enumeration, the
+valid choices); `to_object` then checks every numeric key against its range (core/ranges.py). The roots are
 `CoevoConfig` (`python -m coevo.run`), `SolveRootConfig` (`coevo.solve`) and
 `EvalRootConfig` (`coevo.eval`); the last two are the coevo root plus their own keys.
 
@@ -33,6 +33,7 @@ from coevo.core.choices import (
     Untagged,
 )
 from coevo.core.ranges import check_ranges
+from coevo.core.schema import check_known_keys, check_override_keys, config_groups
 
 
 @dataclass
@@ -252,15 +253,10 @@ def validate_config(cfg: CoevoConfig) -> None:
     if cfg.ranker.line_stop and cfg.ranker.reasoning:
         raise ValueError("config key ranker.line_stop=true needs ranker.reasoning=false (a reason block spans lines)")
     if cfg.ranker.top_k > cfg.ranker.n_candidates:
-        raise ValueError(
-            f"config key ranker.top_k={cfg.ranker.top_k} exceeds ranker.n_candidates="
-            f"{cfg.ranker.n_candidates}; expected top_k <= n_candidates"
-        )
-    solve = getattr(cfg, "solve", None)
-    if solve is not None and cfg.resume:
-        raise ValueError("config key resume=true: coevo.solve writes no checkpoints and cannot resume")
-    trained = {"proposer": solve is None and not cfg.proposer.frozen,
-               "solver": not cfg.solver.frozen and (solve is None or solve.train)}
+        raise ValueError(f"config key ranker.top_k={cfg.ranker.top_k} exceeds ranker.n_candidates="
+                         f"{cfg.ranker.n_candidates}; expected top_k <= n_candidates")
+    solve = getattr(cfg, "solve", None)  # coevo.solve trains no proposer (solve.train=false: nothing, frozen)
+    trained = {"proposer": solve is None and not cfg.proposer.frozen, "solver": not cfg.solver.frozen}
     for role in ("proposer", "solver"):
         size = getattr(cfg, role).group_size
         if trained[role] and size < 2:
@@ -273,10 +269,13 @@ def resolve_frozen(cfg: CoevoConfig) -> None:
     """Mark every policy that is never updated `frozen` (loaded without optimizer or reference copy).
 
     This is the one place that decides it: ranker.mode=frozen (the fixed-ranker baseline)
-    freezes the ranker, and evaluation freezes every policy.
+    freezes the ranker, `coevo.solve solve.train=false` the solver and the ranker, and evaluation
+    every policy.
     """
     if cfg.ranker.mode == RankerMode.frozen:
         cfg.ranker.frozen = True
+    if isinstance(cfg, SolveRootConfig) and not cfg.solve.train:
+        cfg.solver.frozen = cfg.ranker.frozen = True
     if isinstance(cfg, EvalRootConfig):
         for policy in (cfg.proposer, cfg.solver, cfg.ranker):
             policy.frozen = True
@@ -284,6 +283,7 @@ def resolve_frozen(cfg: CoevoConfig) -> None:
 
 def to_object(cfg: DictConfig, schema: type[CoevoConfig] = CoevoConfig) -> CoevoConfig:
     """Turn a composed DictConfig into the typed root `schema` (interpolations resolved), validated."""
+    check_known_keys(cfg, schema)
     obj = OmegaConf.to_object(OmegaConf.merge(OmegaConf.structured(schema), cfg))
     assert isinstance(obj, schema)
     resolve_frozen(obj)
@@ -302,11 +302,12 @@ def register_schema() -> None:
         ConfigStore.instance().store(name=name, node=schema)
 
 
-def compose(overrides: list[str] | None = None, config_name: str = "coevo") -> DictConfig:
-    """Compose the Hydra config outside `@hydra.main` (tests, notebooks, benchmarks).
+def compose(overrides: list[str] | None = None, config_name: str = "coevo",
+            return_hydra_config: bool = False) -> DictConfig:
+    """Compose the Hydra config outside `@hydra.main` (tests, notebooks, benchmarks, the CLI's checks).
 
-    A value the schema rejects (e.g. `ranker.mode=best`) raises ValueError naming the key and
-    the valid choices.
+    A key the schema does not know (`ranker.topk=5`, `+ranker.topk=5`) or a value it rejects
+    (`ranker.mode=best`) raises ValueError naming the key and the closest key or the choices.
     """
     from hydra import compose as hydra_compose
     from hydra import initialize_config_dir
@@ -314,13 +315,18 @@ def compose(overrides: list[str] | None = None, config_name: str = "coevo") -> D
     from hydra.errors import ConfigCompositionException
     from omegaconf.errors import ValidationError
 
+    schema = SCHEMAS[f"{config_name}_schema"]
+    check_override_keys(list(overrides or []), schema, config_groups(CONFIG_DIR))
     register_schema()
     GlobalHydra.instance().clear()
     with initialize_config_dir(config_dir=CONFIG_DIR, version_base="1.3"):
         try:
-            return hydra_compose(config_name=config_name, overrides=list(overrides or []))
+            cfg = hydra_compose(config_name=config_name, overrides=list(overrides or []),
+                                return_hydra_config=return_hydra_config)
         except ConfigCompositionException as e:
             # Hydra's own message names only the override; its cause holds the key and the choices.
             if isinstance(e.__cause__, ValidationError):
                 raise ValueError(f"{e}: {e.__cause__}") from e
             raise
+    check_known_keys(cfg, schema)
+    return cfg

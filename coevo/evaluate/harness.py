@@ -31,13 +31,13 @@ from __future__ import annotations
 import dataclasses
 import json
 import time
-from dataclasses import dataclass, fields, is_dataclass
+from dataclasses import dataclass
 from pathlib import Path
-from typing import Any, Optional, Sequence, Union, get_args, get_origin, get_type_hints
+from typing import Any, Optional, Sequence
 
 from omegaconf import DictConfig
 
-from coevo.core.config import CONFIG_DIR, EvalRootConfig, compose, to_object
+from coevo.core.config import EvalRootConfig, compose, to_object
 from coevo.core.inputs import LabelledQuestion, load_labelled_questions
 from coevo.core.io import atomic_write_text
 from coevo.core.progress import Progress
@@ -63,40 +63,6 @@ SINGLE_TURN_SYSTEM = (
 )
 
 
-def _field_type(hint: Any) -> Any:
-    """The dataclass inside Optional[...] (or the hint itself)."""
-    if get_origin(hint) is Union:
-        inner = [a for a in get_args(hint) if a is not type(None)]
-        return inner[0] if len(inner) == 1 else hint
-    return hint
-
-
-def check_override_keys(overrides: Sequence[str]) -> None:
-    """Fail on an override whose key is not in the schema, naming it and listing the valid keys.
-
-    Hydra rejects such keys too, but without the list of choices; group names that are not
-    schema keys (e.g. `experiment`) and `hydra.*` / `+key` / `~key` overrides pass through.
-    """
-    groups = {p.name for p in Path(CONFIG_DIR).iterdir() if p.is_dir()}
-    for item in overrides:
-        key = item.split("=", 1)[0]
-        if "=" not in item or item.startswith(("-", "+", "~", "hydra")) or "@" in key or "/" in key:
-            continue
-        if key in groups:
-            continue
-        node: Any = EvalRootConfig
-        parts = key.split(".")
-        for depth, part in enumerate(parts):
-            where = ".".join(parts[:depth]) or "the root"
-            if not is_dataclass(node):
-                raise ValueError(f"unknown config key {key!r}: {where} has no sub-keys")
-            names = [f.name for f in fields(node)]
-            if part not in names:
-                raise ValueError(f"unknown config key {key!r}: {part!r} is not a key of {where}; "
-                                 f"expected one of {names}")
-            node = _field_type(get_type_hints(node)[part])
-
-
 def validate_eval(cfg: EvalRootConfig) -> None:
     """Check the eval keys the schema types cannot (ranges, the data file), naming the key."""
     if cfg.batch_size < 1:
@@ -120,7 +86,6 @@ def to_eval_object(dcfg: DictConfig) -> EvalRootConfig:
 
 def compose_eval(overrides: Sequence[str] = ()) -> EvalRootConfig:
     """`configs/eval.yaml` + overrides, typed and validated (tests, notebooks)."""
-    check_override_keys(overrides)
     return to_eval_object(compose(list(overrides), config_name="eval"))
 
 

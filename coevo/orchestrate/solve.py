@@ -4,8 +4,11 @@ No proposer here: tasks are labelled questions (JSONL with `question`, `answers`
 `id` and `gold_ids`). One step reads top to bottom in `solve_step`:
 G episodes per question → correctness (token F1 by default in this mode) and tool-aware
 solver rewards → composite ranker rewards and semantic grouping → GRPO advantages →
-one update per trainable policy → one line of metrics in `<run.dir>/metrics.jsonl` and one
-line with its headline figures on the terminal.
+one update per trainable policy → one line of metrics in `<run.dir>/metrics.jsonl` (and the
+`run.logger`: TensorBoard by default) and one line with its headline figures on the terminal.
+Checkpoints and resume are `coevo.run`'s (coevo/orchestrate/persist.py): every
+`run.save_every` steps and at the end, the trainable policies with their optimizers and the
+question cursor; `resume=true` continues at the step after the newest checkpoint that verifies.
 
     python -m coevo.solve                                       # SmolLM2 solver+ranker, wiki_mini dev
     python -m coevo.solve experiment=smoke solve.steps=1        # tiny random models
@@ -16,6 +19,7 @@ in coevo/core/config.py), corpus wiki_mini and `solver.reward.correctness=f1`.
 """
 from __future__ import annotations
 
+import logging
 import random
 import time
 from collections import Counter
@@ -27,17 +31,20 @@ from omegaconf import DictConfig
 
 from coevo.core.config import SolveRootConfig, to_object
 from coevo.core.inputs import load_labelled_questions
-from coevo.core.io import append_jsonl
+from coevo.core.lifetime import uninterrupted
 from coevo.core.progress import StepBar
 from coevo.core.scoring import exact_match, f1
 from coevo.core.stats import mean
 from coevo.orchestrate.actors import create_local_actors
 from coevo.orchestrate.loop import StageTimer, apply_updates, role_batches, solve_tasks, step_seed
-from coevo.orchestrate.outputs import step_headline
+from coevo.orchestrate.outputs import MetricsLog, step_headline
+from coevo.orchestrate.persist import checkpoint_due, open_metrics, open_run, restore, save_step
 from solver.agent import Episode, Task
 from solver.ranker import RankerCall
 from solver.reward import relevance_reward
 from solver.training import episodes_by_task
+
+LOG = logging.getLogger("coevo.solve")
 
 
 def to_solve_object(dcfg: DictConfig) -> SolveRootConfig:
@@ -57,17 +64,21 @@ def load_tasks(path: str | Path, limit: Optional[int] = None) -> list[Task]:
     return [Task(q.id, q.question, q.answers, q.gold_ids) for q in questions[:limit]]
 
 
-def question_batches(tasks: list[Task], batch: int, steps: int, seed: int = 0,
-                     shuffle: bool = True) -> Iterator[list[Task]]:
-    """`steps` batches of `batch` questions, cycling through a (seeded) permutation."""
+def question_batches(tasks: list[Task], batch: int, steps: int, seed: int = 0, shuffle: bool = True,
+                     start: int = 0, cursor: int = 0) -> Iterator[list[Task]]:
+    """The batches of steps `start`..`steps`-1, `batch` questions each, cycling through a (seeded) permutation.
+
+    The first begins at position `cursor` of the permutation: the questions the steps before
+    `start` consumed (a resumed run passes its checkpoint's cursor).
+    """
     if not tasks:
         raise ValueError("no labelled questions to solve")
     order = list(range(len(tasks)))
     if shuffle:
         random.Random(seed).shuffle(order)
     size = min(batch, len(order))
-    for step in range(steps):
-        yield [tasks[order[(step * size + j) % len(order)]] for j in range(size)]
+    for i in range(steps - start):
+        yield [tasks[order[(cursor + i * size + j) % len(order)]] for j in range(size)]
 
 
 def _mean(values: list[float]) -> Optional[float]:
@@ -121,20 +132,43 @@ def solve_step(actors: Any, tasks: list[Task], cfg: SolveRootConfig, seed: int, 
     return {**metrics, "time_s": timer.seconds}
 
 
-def run_solve(cfg: SolveRootConfig) -> list[dict[str, Any]]:
-    """The whole job: load, then `solve.steps` steps; every step's metrics appended, its headline printed."""
-    random.seed(cfg.seed)
-    torch.manual_seed(cfg.seed)
-    tasks = load_tasks(cfg.solve.data, cfg.solve.limit)
-    actors = create_local_actors(cfg, with_proposer=False)
-    metrics_path = Path(cfg.run.dir) / "metrics.jsonl"
-    history = []
-    batches = question_batches(tasks, cfg.solve.batch_questions, cfg.solve.steps, cfg.seed, cfg.solve.shuffle)
-    with StepBar("coevo.solve", cfg.solve.steps) as bar:
-        for step, batch in enumerate(batches):
+def run_solve(cfg: SolveRootConfig, dcfg: DictConfig) -> list[dict[str, Any]]:
+    """The whole job in run.dir, holding its lock: load, resume if asked, then the steps up to `solve.steps`.
+
+    dcfg: the composed config, stored as config.yaml (a resume checks it against the stored one).
+    Returns the metrics of the steps this call ran.
+    """
+    run_dir = Path(cfg.run.dir)
+    with open_run("coevo.solve", cfg, dcfg, with_proposer=False) as ckpt:
+        random.seed(cfg.seed)
+        torch.manual_seed(cfg.seed)
+        tasks = load_tasks(cfg.solve.data, cfg.solve.limit)
+        metrics = open_metrics(cfg, dcfg, ckpt)
+        try:
             t0 = time.perf_counter()
-            metrics = {"step": step, **solve_step(actors, batch, cfg, step_seed(cfg.seed, step), cfg.solve.train)}
-            append_jsonl(metrics_path, metrics)  # first: bench/memory.py reads it when the step's line appears
-            history.append(metrics)
-            bar.step(step, step_headline(metrics), time.perf_counter() - t0)
+            actors = create_local_actors(cfg, with_proposer=False)
+            start, cursor = restore(ckpt, run_dir, actors)
+            LOG.info("actors ready in %.1fs; %d questions; steps %d..%d; run dir %s",
+                     time.perf_counter() - t0, len(tasks), start, cfg.solve.steps - 1, run_dir)
+            return _solve_steps(cfg, actors, tasks, metrics, start, cursor)
+        finally:
+            metrics.close()
+
+
+def _solve_steps(cfg: SolveRootConfig, actors: Any, tasks: list[Task], metrics: MetricsLog, start: int,
+                 cursor: int) -> list[dict[str, Any]]:
+    history = []
+    batches = question_batches(tasks, cfg.solve.batch_questions, cfg.solve.steps, cfg.seed, cfg.solve.shuffle,
+                               start, cursor)
+    with StepBar("coevo.solve", cfg.solve.steps, start) as bar:
+        for step, batch in zip(range(start, cfg.solve.steps), batches):
+            t0 = time.perf_counter()
+            m = solve_step(actors, batch, cfg, step_seed(cfg.seed, step), cfg.solve.train)
+            cursor += len(batch)
+            with uninterrupted():  # a stop signal waits for the step's metrics and checkpoint to be whole
+                metrics.log(step, m)  # first: bench/memory.py reads metrics.jsonl when the step's line appears
+                if checkpoint_due(step, cfg.solve.steps, cfg.run.save_every):
+                    save_step(Path(cfg.run.dir), step, cursor, actors)
+            history.append({"step": step, **m})
+            bar.step(step, step_headline(history[-1]), time.perf_counter() - t0)
     return history

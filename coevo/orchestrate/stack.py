@@ -1,12 +1,12 @@
 """Resolve and load the configured stack (models, corpus, index) and summarize it.
 
-`python -m coevo.run dry_run=true` prints this summary and exits; the co-evolution loop
-prints it before the first step.
+`dry_run=true` (coevo.run, coevo.solve, coevo.eval) prints this summary of the roles the
+command uses and exits, writing nothing but the shared model and index caches.
 """
 from __future__ import annotations
 
 import time
-from typing import Any
+from typing import Any, Sequence
 
 from coevo.core.config import CoevoConfig
 from coevo.train.models import describe_model, timed_load
@@ -14,10 +14,16 @@ from evidence.corpus import corpus_source, load_corpus
 from evidence.retrieval import build_retriever
 
 
-def load_stack_summary(cfg: CoevoConfig) -> dict[str, Any]:
-    """Load each policy's model and tokenizer and build/load the index; return what was loaded."""
+def model_roles(cfg: CoevoConfig, proposer: bool = True, ranker: bool = True) -> tuple[str, ...]:
+    """The roles whose models a command loads: the ranker's only in modes trainable and frozen."""
+    ranked = ranker and cfg.ranker.mode in ("trainable", "frozen")
+    return ("proposer",) * proposer + ("solver",) + ("ranker",) * ranked
+
+
+def load_stack_summary(cfg: CoevoConfig, roles: Sequence[str] = ("proposer", "solver", "ranker")) -> dict[str, Any]:
+    """Load each role's model and tokenizer and build/load the index; return what was loaded."""
     summary: dict[str, Any] = {"policies": {}}
-    for role in ("proposer", "solver", "ranker"):
+    for role in roles:
         pol = getattr(cfg, role)
         model, tok, secs = timed_load(pol.model, pol.dtype, pol.checkpoint)
         summary["policies"][role] = {

@@ -168,17 +168,23 @@ def drop_checkpoints_after(run_dir: Path, step: int) -> list[str]:
     return [p.name for p in later]
 
 
-def latest_checkpoint(run_dir: Path) -> Optional[Path]:
-    """Newest `checkpoints/step_<n>` with a marker, unverified (resume uses `resumable_checkpoint`)."""
+def complete_checkpoints(run_dir: Path) -> list[Path]:
+    """Every `checkpoints/step_<n>` with a marker and a state file, oldest first, unverified."""
     root = Path(run_dir) / "checkpoints"
     if not root.is_dir():
-        return None
+        return []
     steps = []
     for child in root.iterdir():
         n = step_of(child.name)
         if n is not None and (child / MARKER).exists() and (child / "state.json").exists():
             steps.append((n, child))
-    return max(steps)[1] if steps else None
+    return [path for _, path in sorted(steps)]
+
+
+def latest_checkpoint(run_dir: Path) -> Optional[Path]:
+    """Newest `checkpoints/step_<n>` with a marker, unverified (resume uses `resumable_checkpoint`)."""
+    done = complete_checkpoints(run_dir)
+    return done[-1] if done else None
 
 
 def read_state(checkpoint: Path) -> dict[str, Any]:

@@ -28,7 +28,7 @@ from coevo.core.rundir import (
     remove_temp_files,
 )
 from coevo.orchestrate.outputs import MetricsLog, read_jsonl
-from coevo.run import _stopped_advice
+from coevo.orchestrate.persist import stopped_advice
 from coevo.train.checkpoint import (
     MARKER,
     drop_checkpoints_after,
@@ -322,6 +322,7 @@ def test_the_command_line_says_what_is_wrong_without_a_traceback(tmp_path):
     assert proc.returncode == 2
     assert proc.stderr.strip() == ("coevo.run: error: config key run.save_every=0 is out of range: "
                                    "expected save_every >= 1")
+    assert not (tmp_path / "r").exists()  # refused before Hydra created the run directory
 
 
 # ---- 7. clean shutdown --------------------------------------------------------------------------
@@ -375,9 +376,9 @@ def test_a_second_signal_ends_the_process_at_once():
 
 
 def test_the_advice_after_a_stop_mentions_resume_only_when_there_is_a_checkpoint(tmp_path):
-    assert _stopped_advice(tmp_path) == (f"No checkpoint was written in {tmp_path}: rerun with run.overwrite=true "
+    assert stopped_advice(tmp_path) == (f"No checkpoint was written in {tmp_path}: rerun with run.overwrite=true "
                                          "(or another run.dir) to start over.")
     ckpt = _save(tmp_path, 0)
-    assert _stopped_advice(tmp_path) == (f"The last complete checkpoint, {ckpt}, is intact; rerun with resume=true "
+    assert stopped_advice(tmp_path) == (f"The last complete checkpoint, {ckpt}, is intact; rerun with resume=true "
                                          "to continue.")
 

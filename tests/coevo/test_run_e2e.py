@@ -32,7 +32,7 @@ def _run(run_dir, corpus, *extra, wait=True):
 def test_smoke_run_then_resume(tmp_path, small_corpus):
     run_dir = tmp_path / "run"
     out = _run(run_dir, small_corpus, "run.steps=2")
-    assert "[step 2/2]" in out and "inspect with" in out
+    assert "[step 2/2]" in out and f"  inspect      python -m coevo.inspect {run_dir}" in out
     for step in (0, 1):
         rows = read_jsonl(run_dir / "tasks" / f"step_{step}.jsonl")
         assert len(rows) == 4  # 2 reference questions x proposer.group_size 2
@@ -93,3 +93,19 @@ def test_ablation_experiments_run(tmp_path, small_corpus, experiment, check):
     assert proc.returncode == 0, proc.stdout[-2000:] + proc.stderr[-2000:]
     assert check(yaml.safe_load((run_dir / "config.yaml").read_text()))
     assert len(read_jsonl(run_dir / "tasks" / "step_0.jsonl")) == 2 * 4  # questions x proposer.group_size
+
+
+@pytest.mark.slow
+def test_dry_run_and_a_refused_key_create_nothing_on_disk(tmp_path, small_corpus):
+    cwd, run_dir, index = tmp_path / "cwd", tmp_path / "run", tmp_path / "index"
+    cwd.mkdir()
+    env = {**os.environ, "PYTHONPATH": str(ROOT)}
+    cmd = [sys.executable, "-m", "coevo.run", "experiment=smoke", "corpus=jsonl", f"corpus.path={small_corpus}",
+           f"run.dir={run_dir}", f"retrieval.cache_dir={index}"]
+    dry = subprocess.run([*cmd, "dry_run=true"], cwd=cwd, env=env, capture_output=True, text=True, timeout=300)
+    assert dry.returncode == 0, dry.stderr[-3000:]
+    assert "coevo stack\n  proposer  tiny-random" in dry.stdout
+    typo = subprocess.run([*cmd, "+ranker.topk=5"], cwd=cwd, env=env, capture_output=True, text=True, timeout=300)
+    assert typo.returncode == 2
+    assert typo.stderr.startswith("coevo.run: error: unknown config key 'ranker.topk': did you mean 'ranker.top_k'?")
+    assert not run_dir.exists() and list(cwd.iterdir()) == []  # no run dir, no .hydra/, no log file anywhere

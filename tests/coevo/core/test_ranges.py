@@ -144,9 +144,11 @@ def test_group_size_one_is_refused_for_a_trained_role(root, role):
         to_object(compose([f"{role}.group_size=1"], config_name=root), SCHEMAS[f"{root}_schema"])
 
 
-def test_solve_refuses_resume():
-    with pytest.raises(ValueError, match="resume=true: coevo.solve writes no checkpoints"):
-        to_object(compose(["resume=true"], config_name="solve"), SCHEMAS["solve_schema"])
+def test_solve_resumes_and_solve_train_false_trains_nothing():
+    cfg = to_object(compose(["resume=true"], config_name="solve"), SCHEMAS["solve_schema"])
+    assert cfg.resume and not cfg.solver.frozen and not cfg.ranker.frozen
+    idle = to_object(compose(["solve.train=false"], config_name="solve"), SCHEMAS["solve_schema"])
+    assert idle.solver.frozen and idle.ranker.frozen  # loaded without optimizer: its checkpoints hold no policy
 
 
 @pytest.mark.parametrize("experiment", sorted(p.stem for p in (Path(CONFIG_DIR) / "experiment").glob("*.yaml")))

@@ -366,6 +366,9 @@ def test_cli_runs_and_rejects_unknown_keys(small_eval_data, tmp_path):
     ok = subprocess.run([sys.executable, "-m", "coevo.eval", *_tiny_overrides(small_eval_data, out, "direct"),
                          "limit=1"], cwd=tmp_path, env=env, capture_output=True, text=True, timeout=300)
     assert ok.returncode == 0, ok.stderr
-    assert "average" in ok.stdout and f"wrote {out}" in ok.stdout
+    assert "average" in ok.stdout
+    assert ok.stdout.splitlines()[-3:] == [
+        f"done: {out}", "  results      2 questions (popqa 1, hotpotqa 1), mode direct, ranker none",
+        f"  compare with python -m coevo.eval --compare {out} <other result>.json"]
     assert load_result(out)["metrics"]["average"]["n"] == 2  # limit=1 per dataset, 2 datasets
     assert sorted(p.name for p in tmp_path.iterdir()) == ["cli.json"]  # no Hydra outputs/ or logs

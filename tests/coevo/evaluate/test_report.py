@@ -201,3 +201,19 @@ def test_bad_dump_structure_names_file_and_line(tmp_path):
     dump.write_text(json.dumps({"rollouts": [{"ranker_calls": [3]}]}) + "\n" + json.dumps({}) + "\n")
     with pytest.raises(ValueError, match=r"step_0\.jsonl:1: 'rollouts\[0\]\.ranker_calls' must be a list of objects"):
         load_run(run)
+
+
+def test_inspect_ends_with_the_done_report(tmp_path, capsys):
+    from coevo.inspect import main
+
+    run = _write_run(tmp_path / "run", new_records())
+    (run / "metrics.jsonl").write_text('{"step": 0}\n')
+    assert main([str(run), "--html", str(tmp_path / "r.html")]) == 0
+    out = capsys.readouterr().out.splitlines()
+    assert out[-5:] == [f"done: {run}", f"  tasks        1 step dumps in {run / 'tasks'} (step_0..step_0.jsonl)",
+                        f"  metrics      1 steps in {run / 'metrics.jsonl'}", "  checkpoints  none",
+                        f"  report       {tmp_path / 'r.html'} (self-contained HTML)"]
+    assert main([str(run), "--json"]) == 0
+    captured = capsys.readouterr()
+    assert json.loads(captured.out)["candidates"] == 2  # stdout stays JSON; the report goes to stderr
+    assert captured.err.startswith(f"done: {run}\n")

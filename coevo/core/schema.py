@@ -1,0 +1,222 @@
+"""What the config schema knows: every key, its type, and its one-line documentation.
+
+- `check_override_keys` refuses a command-line override whose key is not in the schema, with
+  or without `+`, before Hydra composes anything (Hydra's own refusal of `ranker.topk=5` advises
+  `+ranker.topk=5`, which it then accepts as a new key beside the unchanged `ranker.top_k`).
+  `check_known_keys` refuses a key of a composed config the schema does not know (a `+key`, or
+  one a config file added). Both suggest the closest known key (difflib).
+- `schema_keys` lists every key with its type and documentation: the comment after each field
+  in coevo/core/config.py, read from the source (a nested block's: its class docstring).
+  coevo/core/cli.py renders them for `--help`.
+"""
+from __future__ import annotations
+
+import ast
+import difflib
+import inspect
+import io
+import re
+import textwrap
+import tokenize
+from dataclasses import dataclass, fields, is_dataclass
+from enum import Enum
+from functools import lru_cache
+from pathlib import Path
+from typing import Any, Collection, Optional, Sequence, Union, get_args, get_origin, get_type_hints
+
+from omegaconf import DictConfig, OmegaConf
+
+_TYPE_IGNORE = re.compile(r"^type:\s*ignore(\[[^\]]*\])?\s*(#\s*)?")
+
+
+@dataclass(frozen=True)
+class SchemaKey:
+    """One key of a schema: dotted path, type hint, documentation, and the dataclass of a nested block."""
+
+    path: str
+    hint: Any
+    doc: str
+    block: Optional[type] = None
+
+
+def _optional_inner(hint: Any) -> Optional[Any]:
+    """X of Optional[X]; None for any other hint."""
+    if get_origin(hint) is Union:
+        inner = [a for a in get_args(hint) if a is not type(None)]
+        if len(inner) == 1 and len(get_args(hint)) == 2:
+            return inner[0]
+    return None
+
+
+def _block_of(hint: Any) -> Optional[type]:
+    hint = _optional_inner(hint) or hint
+    return hint if isinstance(hint, type) and is_dataclass(hint) else None
+
+
+def _clean_comment(text: str) -> str:
+    """The documentation in a field's trailing comment, without `#` and a leading `type: ignore[...]`."""
+    text = text.lstrip("#").strip()
+    return _TYPE_IGNORE.sub("", text).strip()
+
+
+@lru_cache(maxsize=None)
+def _own_field_docs(cls: type) -> dict[str, str]:
+    """{field: trailing comment} of the fields `cls` declares in its own body (read from its source)."""
+    source = textwrap.dedent(inspect.getsource(cls))
+    comments: dict[int, str] = {}
+    for tok in tokenize.generate_tokens(io.StringIO(source).readline):
+        if tok.type == tokenize.COMMENT:
+            comments[tok.start[0]] = tok.string
+    body = ast.parse(source).body[0]
+    assert isinstance(body, ast.ClassDef)
+    docs = {}
+    for node in body.body:
+        if isinstance(node, ast.AnnAssign) and isinstance(node.target, ast.Name):
+            end = node.end_lineno or node.lineno
+            texts = [_clean_comment(comments[n]) for n in range(node.lineno, end + 1) if n in comments]
+            docs[node.target.id] = " ".join(t for t in texts if t)
+    return docs
+
+
+def field_docs(cls: type) -> dict[str, str]:
+    """{field: documentation} of every field of dataclass `cls`, inherited ones included."""
+    docs: dict[str, str] = {}
+    for klass in reversed(cls.__mro__):
+        if is_dataclass(klass):
+            docs.update(_own_field_docs(klass))
+    return docs
+
+
+def first_line(doc: Optional[str]) -> str:
+    return (doc or "").strip().split("\n")[0]
+
+
+def schema_keys(schema: type, prefix: str = "") -> list[SchemaKey]:
+    """Every key of dataclass `schema` in declaration order, nested blocks right after their own key."""
+    hints = get_type_hints(schema)
+    docs = field_docs(schema)
+    out = []
+    for f in fields(schema):
+        block = _block_of(hints[f.name])
+        doc = docs.get(f.name) or (first_line(block.__doc__) if block else "")
+        out.append(SchemaKey(prefix + f.name, hints[f.name], doc, block))
+        if block is not None:
+            out.extend(schema_keys(block, f"{prefix}{f.name}."))
+    return out
+
+
+def type_name(hint: Any) -> str:
+    """`int`, `str | null`, `hf|vllm` (an enumeration's values), a block's class name."""
+    inner = _optional_inner(hint)
+    if inner is not None:
+        return f"{type_name(inner)} | null"
+    if isinstance(hint, type) and issubclass(hint, Enum):
+        return "|".join(str(m.value) for m in hint)
+    return getattr(hint, "__name__", str(hint))
+
+
+# ---- unknown keys ----------------------------------------------------------------------------------
+
+def _ratio(a: str, b: str) -> float:
+    return difflib.SequenceMatcher(None, a, b).ratio()
+
+
+def closest_keys(key: str, schema: type) -> list[str]:
+    """The known keys most like `key` (difflib): the one suggestion, or several equally near, or none.
+
+    First a key of the same block (`ranker.topk` -> `ranker.top_k`, ratio >= 0.6); else keys of
+    any block with the nearest last part (ratio >= 0.8): the one whose block is most like
+    `key`'s (`rankr.top_k` -> `ranker.top_k`), or all of them for a key without a block
+    (`temprature` -> the three policies' `temperature`).
+    """
+    known = [k.path for k in schema_keys(schema)]
+    parent, _, leaf = key.rpartition(".")
+    if not parent or parent in known:
+        siblings = [p for p in known if p.rpartition(".")[0] == parent]
+        best = max(siblings, key=lambda p: _ratio(leaf, p.rpartition(".")[2]), default=None)
+        if best is not None and _ratio(leaf, best.rpartition(".")[2]) >= 0.6:
+            return [best]
+    scored = [(round(_ratio(leaf, p.rpartition(".")[2]), 6), p) for p in known if not key.startswith(p + ".")]
+    top = max((r for r, _ in scored), default=0.0)
+    nearest = [p for r, p in scored if r == top and r >= 0.8]
+    if parent and len(nearest) > 1:
+        return [max(nearest, key=lambda p: _ratio(parent, p.rpartition(".")[0]))]
+    return nearest
+
+
+def unknown_key_error(key: str, schema: type) -> Optional[ValueError]:
+    """None when `key` (dotted) is a key of `schema`; otherwise the error saying what is near and what is wrong."""
+    node: Optional[type] = schema
+    parts = key.split(".")
+    names: list[str] = []
+    for depth, part in enumerate(parts):
+        where = ".".join(parts[:depth]) or "the root"
+        if node is None:
+            problem = f"{where} has no sub-keys"
+            break
+        names = [f.name for f in fields(node)]
+        if part not in names:
+            problem = f"{part!r} is not a key of {where}; expected one of {names}"
+            break
+        node = _block_of(get_type_hints(node)[part])
+    else:
+        return None
+    near = closest_keys(key, schema)
+    hint = ""
+    if near:
+        hint = f"did you mean {near[0]!r}? " if len(near) == 1 else f"did you mean one of {near}? "
+    return ValueError(f"unknown config key {key!r}: {hint}({problem}; --help lists every key)")
+
+
+def override_key(item: str) -> Optional[str]:
+    """The config key a command-line override sets (`+`, `++` and `~` stripped); None for a Hydra flag."""
+    if item.startswith("-"):
+        return None
+    body = item.lstrip("+~")
+    if "=" not in body and not item.startswith("~"):
+        return None
+    return body.split("=", 1)[0].strip()
+
+
+def check_override_keys(overrides: Sequence[str], schema: type, groups: Collection[str]) -> None:
+    """Raise ValueError for an override whose key `schema` does not know (with or without `+`).
+
+    Config-group choices (`experiment=smoke`, `solver=qwen2.5-7b`, `proposer@x=...`) and `hydra.*`
+    / `hydra/...` keys are Hydra's and pass through; Hydra checks them against configs/.
+    """
+    for item in overrides:
+        key = override_key(item)
+        if not key or key in groups or key.split(".")[0] == "hydra" or "@" in key or "/" in key:
+            continue
+        error = unknown_key_error(key, schema)
+        if error is not None:
+            raise error
+
+
+def _config_paths(node: Any, prefix: str = "") -> list[str]:
+    """Dotted paths of every key in a composed config (as plain data), parents before their children."""
+    out = []
+    for key, child in node.items() if isinstance(node, dict) else []:
+        out.append(f"{prefix}{key}")
+        out.extend(_config_paths(child, f"{prefix}{key}."))
+    return out
+
+
+def check_known_keys(cfg: DictConfig, schema: type) -> None:
+    """Raise ValueError for the first key of composed `cfg` that `schema` does not know (Hydra's own node aside)."""
+    for path in _config_paths(plain(cfg)):
+        if path.split(".")[0] == "hydra":
+            continue
+        error = unknown_key_error(path, schema)
+        if error is not None:
+            raise error
+
+
+def config_groups(config_dir: str | Path) -> list[str]:
+    """The config groups under `config_dir` (its sub-directories)."""
+    return sorted(p.name for p in Path(config_dir).iterdir() if p.is_dir())
+
+
+def plain(cfg: DictConfig) -> Any:
+    """The composed config as plain data, interpolations left as written (`${rollout.engine}`)."""
+    return OmegaConf.to_container(cfg, resolve=False, enum_to_str=True)

@@ -1,0 +1,221 @@
+"""What a training command keeps, and where: one copy for `coevo.run` and `coevo.solve`.
+
+Both hold run.dir's lock throughout and write their config first (`open_run`), resume only
+from a checkpoint that verifies and only into the same experiment (`open_run`, `restore`),
+checkpoint every `run.save_every` steps and at the end (`checkpoint_due`, `save_step`), and
+end with one line `done: <run dir>` followed by what the directory holds (`done_report`),
+also when they stop on an error or a signal (`run_and_report`: the line then says so).
+The run-directory rules are coevo/core/rundir.py's, the checkpoint format
+coevo/train/checkpoint.py's.
+"""
+from __future__ import annotations
+
+import logging
+import sys
+from contextlib import contextmanager
+from pathlib import Path
+from typing import Any, Callable, Iterator, Optional
+
+from coevo.core.config import CoevoConfig
+from coevo.core.io import step_of
+from coevo.core.lifetime import Stopped, stop_on_signals
+from coevo.core.rundir import (
+    CONFIG_NAME,
+    RunDirError,
+    RunDirLock,
+    check_same_experiment,
+    claim_run_dir,
+    hydra_entries,
+    remove_temp_files,
+)
+from coevo.orchestrate.actors import ActorFailure
+from coevo.orchestrate.outputs import drop_dumps_after, write_config
+from coevo.train.checkpoint import (
+    complete_checkpoints,
+    drop_checkpoints_after,
+    latest_checkpoint,
+    prune_checkpoints,
+    read_state,
+    remove_partial_checkpoints,
+    restore_rng,
+    resumable_checkpoint,
+    save_checkpoint,
+)
+
+log = logging.getLogger(__name__)
+KEEP_CHECKPOINTS = 2  # the newest complete checkpoints kept; older ones are deleted after each save
+
+
+def claim_run(cfg: CoevoConfig, run_dir: Path) -> RunDirLock:
+    """This run's lock on run.dir, with the directory emptied (run.overwrite) and a killed run's temp files gone."""
+    lock = claim_run_dir(run_dir, resume=cfg.resume, overwrite=cfg.run.overwrite, keep=hydra_entries(run_dir),
+                         resumable=latest_checkpoint(run_dir) is not None)
+    try:
+        removed = remove_partial_checkpoints(run_dir) + remove_temp_files(run_dir)
+    except BaseException:
+        lock.release()
+        raise
+    if removed:
+        print(f"removed what an interrupted run left in {run_dir}: {', '.join(removed)}", flush=True)
+    return lock
+
+
+def resume_point(cfg: CoevoConfig, run_dir: Path, config_yaml: str) -> Optional[Path]:
+    """The verified checkpoint to resume from (None: start at step 0), once the experiment is known to match."""
+    if not cfg.resume:
+        return None
+    stored = (run_dir / CONFIG_NAME).exists()
+    if stored:
+        check_same_experiment(run_dir, config_yaml, type(cfg))
+    ckpt, skipped = resumable_checkpoint(run_dir)
+    for path, why in skipped:
+        print(f"resume: skipping {path.name}: {why}", flush=True)
+    if ckpt is None and skipped:
+        raise RunDirError(f"resume=true but no checkpoint in {run_dir / 'checkpoints'} verifies (reasons above); "
+                          "run.overwrite=true deletes them and starts over")
+    if ckpt is not None and not stored:
+        raise RunDirError(f"resume=true but {run_dir / CONFIG_NAME} is missing: cannot check that this run "
+                          "continues the same experiment")
+    if ckpt is None:
+        print(f"resume=true but {run_dir} holds no checkpoint yet: starting at step 0", flush=True)
+    return ckpt
+
+
+@contextmanager
+def open_run(cfg: CoevoConfig, config_yaml: str) -> Iterator[Optional[Path]]:
+    """Hold run.dir's lock for the block; yields the checkpoint to resume from (None: a fresh start).
+
+    The experiment check comes before config.yaml is (re)written: a refused resume leaves the
+    stored config as it was.
+    """
+    run_dir = Path(cfg.run.dir)
+    with claim_run(cfg, run_dir):
+        ckpt = resume_point(cfg, run_dir, config_yaml)
+        write_config(run_dir, config_yaml)
+        yield ckpt
+
+
+def restore(ckpt: Optional[Path], run_dir: Path, actors: Any) -> tuple[int, int]:
+    """(first step to run, data cursor): policies, optimizers and RNG restored from `ckpt`, later outputs dropped."""
+    if ckpt is None:
+        drop_dumps_after(run_dir, -1)
+        return 0, 0
+    state = read_state(ckpt)
+    if sorted(state["roles"]) != sorted(actors.trainable):
+        raise RunDirError(f"checkpoint {ckpt} holds the roles {sorted(state['roles'])} but this run trains "
+                          f"{sorted(actors.trainable)}")
+    for role, policy in actors.trainable.items():
+        policy.load(str(ckpt / role))
+    restore_rng(state["rng"])
+    drop_dumps_after(run_dir, state["step"])
+    dropped = drop_checkpoints_after(run_dir, state["step"])
+    print(f"resumed from {ckpt} (step {state['step']} done, cursor {state['cursor']})"
+          + (f"; deleted the unverified {', '.join(dropped)}" if dropped else ""), flush=True)
+    return state["step"] + 1, state["cursor"]
+
+
+def checkpoint_due(step: int, steps: int, save_every: int) -> bool:
+    """Whether step `step` (of `steps`) ends with a checkpoint: every `save_every` steps and the last one."""
+    return (step + 1) % save_every == 0 or step == steps - 1
+
+
+def save_step(run_dir: Path, step: int, cursor: int, actors: Any) -> Path:
+    """Checkpoint every trainable policy after `step`, then keep only the newest KEEP_CHECKPOINTS."""
+
+    def save(role: str, path: Path) -> None:
+        actors.trainable[role].save(str(path))
+
+    path = save_checkpoint(run_dir, step, cursor, save, sorted(actors.trainable))
+    prune_checkpoints(run_dir, keep=KEEP_CHECKPOINTS)
+    return path
+
+
+def stopped_advice(run_dir: Path) -> str:
+    """What to do after the run stopped: resume only when there is a checkpoint to resume from."""
+    ckpt = latest_checkpoint(run_dir)
+    if ckpt is None:
+        return (f"No checkpoint was written in {run_dir}: rerun with run.overwrite=true (or another run.dir) "
+                "to start over.")
+    return f"The last complete checkpoint, {ckpt}, is intact; rerun with resume=true to continue."
+
+
+def _count_lines(path: Path) -> int:
+    with open(path, "rb") as f:
+        return sum(1 for line in f if line.strip())
+
+
+def run_contents(run_dir: Path) -> list[tuple[str, str]]:
+    """(what, where) of each output a run keeps in `run_dir`, as the done report lists them."""
+    rows = []
+    tasks = run_dir / "tasks"
+    dumps = sorted(n for f in tasks.iterdir() if (n := step_of(f.name, ".jsonl")) is not None) \
+        if tasks.is_dir() else []
+    if dumps:
+        rows.append(("tasks", f"{len(dumps)} step dumps in {tasks} (step_{dumps[0]}..step_{dumps[-1]}.jsonl)"))
+    metrics = run_dir / "metrics.jsonl"
+    if metrics.is_file():
+        board = run_dir / "tensorboard"
+        rows.append(("metrics", f"{_count_lines(metrics)} steps in {metrics}"
+                     + (f"; TensorBoard: {board}" if board.is_dir() else "")))
+    ckpts = complete_checkpoints(run_dir)
+    if ckpts:
+        newest = ckpts[-1]
+        rows.append(("checkpoints", f"{', '.join(c.name for c in ckpts)} in {run_dir / 'checkpoints'} "
+                     "(resume=true continues from the newest)"))
+        if (newest / "solver").is_dir():
+            ranker = f" ranker.mode=trainable ranker.checkpoint={newest / 'ranker'}" \
+                if (newest / "ranker").is_dir() else ""
+            rows.append(("evaluate", f"python -m coevo.eval solver.checkpoint={newest / 'solver'}{ranker}"))
+    else:
+        rows.append(("checkpoints", "none"))
+    if (run_dir / CONFIG_NAME).is_file():
+        rows.append(("config", str(run_dir / CONFIG_NAME)))
+    if dumps:
+        rows.append(("inspect", f"python -m coevo.inspect {run_dir}"))
+    return rows
+
+
+def done_report(run_dir: Path, stopped: Optional[str] = None,
+                rows: Optional[list[tuple[str, str]]] = None) -> str:
+    """`done: <run dir>` (with `(stopped ...)` when it did not finish), then one line per output it holds.
+
+    rows: (what, where) lines to list instead of `run_contents(run_dir)`.
+    """
+    head = f"done: {run_dir}" + (f" ({stopped})" if stopped else "")
+    listed = run_contents(run_dir) if rows is None else rows
+    return "\n".join([head, *(f"  {what:<12} {where}" for what, where in listed)])
+
+
+def error_line(e: BaseException, limit: int = 200) -> str:
+    """`Type: first line of the message` (cut at `limit` characters), for the done line of a failed run."""
+    text = str(e).strip().splitlines()
+    first = text[0] if text else ""
+    return f"{type(e).__name__}: {first[:limit]}" + ("…" if len(first) > limit or len(text) > 1 else "")
+
+
+def run_and_report(prog: str, run_dir: Path, body: Callable[[], object]) -> None:
+    """Run `body` (which claims `run_dir`) and end with its done report; never returns on failure.
+
+    Exit codes: 2 when run.dir cannot be used as asked (nothing of it was touched: no report),
+    1 when the run stopped on an error, 128 + n when signal n stopped it.
+    """
+    try:
+        with stop_on_signals():
+            body()
+    except RunDirError as e:
+        print(f"{prog}: error: {e}", file=sys.stderr)
+        sys.exit(2)
+    except ActorFailure as e:
+        _stop(f"coevo: run stopped: {e}\n{stopped_advice(run_dir)}", run_dir, f"stopped: {error_line(e)}", 1)
+    except Stopped as e:
+        _stop(f"coevo: stopped by {e}. {stopped_advice(run_dir)}", run_dir, f"stopped by {e}", e.exit_code)
+    except Exception as e:  # noqa: BLE001  the traceback is logged; the report still says where the outputs are
+        log.exception("%s stopped on an error", prog)
+        _stop(f"{prog}: stopped on an error. {stopped_advice(run_dir)}", run_dir,
+              f"stopped on an error: {error_line(e)}", 1)
+    print(done_report(run_dir), flush=True)
+
+
+def _stop(message: str, run_dir: Path, stopped: str, code: int) -> None:
+    print(f"{message}\n{done_report(run_dir, stopped)}", file=sys.stderr, flush=True)
+    sys.exit(code)

@@ -138,7 +138,7 @@ def small_corpus(tmp_path_factory, shared_data):
 
 @pytest.mark.slow
 def test_every_readme_command_runs(tmp_path, shared_data, small_corpus):
-    ctx = {"run": str(tmp_path / "runs" / "readme"), "data": str(shared_data), "corpus": str(small_corpus)}
+    ctx = {"run": str(tmp_path / "runs" / "readme"), "data": str(shared_data.resolve()), "corpus": str(small_corpus)}
     env = {**os.environ, "PYTHONPATH": os.pathsep.join([str(ROOT), os.environ.get("PYTHONPATH", "")])}
     failures, times = [], []
     for n, command in enumerate(readme_commands(README.read_text())):

@@ -70,7 +70,11 @@ def main(argv: Optional[list[str]] = None) -> None:
     if args[:1] == ["--compare"]:
         if len(args) != 3:
             sys.exit("usage: python -m coevo.eval --compare A.json B.json")
-        print(compare_files(args[1], args[2]))
+        try:
+            print(compare_files(args[1], args[2]))
+        except (OSError, ValueError) as e:  # a missing or foreign file: say which, no traceback
+            print(f"coevo.eval: error: --compare: {e}", file=sys.stderr)
+            sys.exit(2)
         return
     hydra_entry(_hydra_main, "eval", to_eval_object, args)
 

@@ -42,10 +42,24 @@ def _smollm2_gguf() -> Path:
 CONVERSION_STAGES = {"tokenizer": 17, "dequantize": 64, "copy": 14, "save": 5}
 
 
+def quiet_transformers_bars() -> None:
+    """Turn off transformers' own bars (weights loaded, shards written): they would drown the run's lines.
+
+    transformers' switch also turns off huggingface_hub's bars, which are turned back on: the
+    first download of a hub preset (gigabytes) keeps its bar with rate and ETA.
+    """
+    from huggingface_hub.utils import enable_progress_bars
+    from transformers.utils import logging as hf_logging
+
+    hf_logging.disable_progress_bar()
+    enable_progress_bars()
+
+
 def _convert_smollm2(out_dir: Path) -> None:
     """Dequantize the GGUF into a plain fp32 LlamaForCausalLM checkpoint."""
     from transformers import AutoModelForCausalLM, AutoTokenizer, LlamaConfig, LlamaForCausalLM
 
+    quiet_transformers_bars()
     gguf = _smollm2_gguf()
     with Progress("conversion of model preset smollm2-135m", 100, "%") as progress:
         tok = AutoTokenizer.from_pretrained(str(gguf.parent), gguf_file=gguf.name)
@@ -94,6 +108,7 @@ def build_tiny_random(out_dir: str | os.PathLike, seed: int = 0, layers: int = 2
     import torch
     from transformers import LlamaConfig, LlamaForCausalLM
 
+    quiet_transformers_bars()
     tok = _build_tiny_tokenizer()
     config = LlamaConfig(vocab_size=len(tok), hidden_size=hidden, intermediate_size=2 * hidden,
                          num_hidden_layers=layers, num_attention_heads=heads or max(1, hidden // 32),
@@ -131,9 +146,8 @@ def load_model_and_tokenizer(name: str, dtype: str = "float32", checkpoint: Opti
     """Load (PreTrainedModel, tokenizer) for a preset/path/hub id; `checkpoint` overrides the weights."""
     import torch
     from transformers import AutoModelForCausalLM, AutoTokenizer
-    from transformers.utils import logging as hf_logging
 
-    hf_logging.disable_progress_bar()  # per-tensor progress bars drown the run's own progress
+    quiet_transformers_bars()
     path = checkpoint or resolve_model_path(name)
     torch_dtype = {"float32": torch.float32, "bfloat16": torch.bfloat16, "float16": torch.float16}[dtype]
     tok = AutoTokenizer.from_pretrained(path)

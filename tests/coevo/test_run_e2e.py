@@ -33,6 +33,10 @@ def test_smoke_run_then_resume(tmp_path, small_corpus):
     run_dir = tmp_path / "run"
     out = _run(run_dir, small_corpus, "run.steps=2")
     assert "[step 2/2]" in out and f"  inspect      python -m coevo.inspect {run_dir}" in out
+    # Ray's own records and what its workers print go to run.log, not the terminal (coevo/core/console.py).
+    assert "Ray instance" not in out and "actor_name" not in out and "(pid=" not in out, out[-3000:]
+    log = (run_dir / "run.log").read_text()
+    assert "Started a local Ray instance" in log and ":actor_name:RetrievalWorker" in log
     for step in (0, 1):
         rows = read_jsonl(run_dir / "tasks" / f"step_{step}.jsonl")
         assert len(rows) == 4  # 2 reference questions x proposer.group_size 2

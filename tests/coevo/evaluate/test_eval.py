@@ -357,6 +357,16 @@ def test_compare_prints_both_results_and_deltas(tmp_path, capsys):
     assert nq.split()[:5] == ["nq", "2/2", "25.0", "50.0", "+25.0"] and nq.split()[-3:] == ["0.00", "1.50", "+1.50"]
 
 
+def test_compare_of_a_missing_or_foreign_file_is_one_error_line(tmp_path, capsys):
+    (tmp_path / "x.json").write_text("{}")
+    for name, why in (("nope.json", "No such file or directory"), ("x.json", "x.json is not a coevo.eval result")):
+        with pytest.raises(SystemExit) as stop:
+            main(["--compare", str(tmp_path / name), str(tmp_path / name)])
+        err = capsys.readouterr().err
+        assert stop.value.code == 2 and err.startswith("coevo.eval: error: --compare: ") and why in err
+        assert len(err.splitlines()) == 1
+
+
 def test_cli_runs_and_rejects_unknown_keys(small_eval_data, tmp_path):
     env = {**os.environ, "PYTHONPATH": str(REPO)}
     bad = subprocess.run([sys.executable, "-m", "coevo.eval", "dat=x"], cwd=REPO, env=env, capture_output=True,

@@ -75,3 +75,14 @@ def test_conversion_shows_progress_and_leaves_one_complete_entry(tmp_path, monke
     assert models.resolve_model_path("smollm2-135m") == path and len(loads) == 2  # cached: no second conversion
     assert sorted(p.name for p in (tmp_path / "cache" / "models").iterdir()) == \
         [".smollm2-135m-v1.lock", "smollm2-135m-v1"]
+
+
+def test_transformers_bars_are_off_and_the_hubs_download_bars_on():
+    from huggingface_hub.utils import are_progress_bars_disabled
+    from transformers.utils import logging as hf_logging
+
+    from coevo.train.models import quiet_transformers_bars
+
+    quiet_transformers_bars()
+    assert not hf_logging.is_progress_bar_enabled()  # weights loaded, shards written: no bar
+    assert not are_progress_bars_disabled()  # a first download of a hub preset keeps its bar

@@ -16,7 +16,10 @@ from contextlib import contextmanager
 from pathlib import Path
 from typing import Any, Callable, Iterator, Optional
 
+from omegaconf import DictConfig, OmegaConf
+
 from coevo.core.config import CoevoConfig
+from coevo.core.console import report_error, say, setup_logging
 from coevo.core.io import step_of
 from coevo.core.lifetime import Stopped, stop_on_signals
 from coevo.core.rundir import (
@@ -29,7 +32,7 @@ from coevo.core.rundir import (
     remove_temp_files,
 )
 from coevo.orchestrate.actors import ActorFailure
-from coevo.orchestrate.outputs import drop_dumps_after, write_config
+from coevo.orchestrate.outputs import MetricsLog, drop_dumps_after, start_line, write_config
 from coevo.train.checkpoint import (
     complete_checkpoints,
     drop_checkpoints_after,
@@ -41,6 +44,8 @@ from coevo.train.checkpoint import (
     resumable_checkpoint,
     save_checkpoint,
 )
+from coevo.train.memory import MemoryBudgetError, check_run_memory
+from coevo.train.preflight import PreflightError, check_models
 
 log = logging.getLogger(__name__)
 KEEP_CHECKPOINTS = 2  # the newest complete checkpoints kept; older ones are deleted after each save
@@ -56,7 +61,7 @@ def claim_run(cfg: CoevoConfig, run_dir: Path) -> RunDirLock:
         lock.release()
         raise
     if removed:
-        print(f"removed what an interrupted run left in {run_dir}: {', '.join(removed)}", flush=True)
+        say(f"removed what an interrupted run left in {run_dir}: {', '.join(removed)}")
     return lock
 
 
@@ -69,7 +74,7 @@ def resume_point(cfg: CoevoConfig, run_dir: Path, config_yaml: str) -> Optional[
         check_same_experiment(run_dir, config_yaml, type(cfg))
     ckpt, skipped = resumable_checkpoint(run_dir)
     for path, why in skipped:
-        print(f"resume: skipping {path.name}: {why}", flush=True)
+        say(f"resume: skipping {path.name}: {why}")
     if ckpt is None and skipped:
         raise RunDirError(f"resume=true but no checkpoint in {run_dir / 'checkpoints'} verifies (reasons above); "
                           "run.overwrite=true deletes them and starts over")
@@ -77,22 +82,38 @@ def resume_point(cfg: CoevoConfig, run_dir: Path, config_yaml: str) -> Optional[
         raise RunDirError(f"resume=true but {run_dir / CONFIG_NAME} is missing: cannot check that this run "
                           "continues the same experiment")
     if ckpt is None:
-        print(f"resume=true but {run_dir} holds no checkpoint yet: starting at step 0", flush=True)
+        say(f"resume=true but {run_dir} holds no checkpoint yet: starting at step 0")
     return ckpt
 
 
 @contextmanager
-def open_run(cfg: CoevoConfig, config_yaml: str) -> Iterator[Optional[Path]]:
+def open_run(prog: str, cfg: CoevoConfig, dcfg: DictConfig, with_proposer: bool = True) -> Iterator[Optional[Path]]:
     """Hold run.dir's lock for the block; yields the checkpoint to resume from (None: a fresh start).
 
-    The experiment check comes before config.yaml is (re)written: a refused resume leaves the
-    stored config as it was.
+    Once the run owns run.dir, logging is set up (run.log); then every model is located
+    (`check_models`) and the memory estimated, both before Ray or any model starts. The
+    experiment check comes before config.yaml (`dcfg`, resolved) is (re)written: a refused
+    resume leaves the stored config as it was.
     """
     run_dir = Path(cfg.run.dir)
     with claim_run(cfg, run_dir):
+        setup_logging(cfg.log.level, run_dir)
+        sources = check_models(cfg, with_proposer)
+        say(start_line(prog, cfg, sources, check_run_memory(cfg, with_proposer=with_proposer)))
+        config_yaml = OmegaConf.to_yaml(dcfg, resolve=True)
         ckpt = resume_point(cfg, run_dir, config_yaml)
         write_config(run_dir, config_yaml)
         yield ckpt
+
+
+def open_metrics(cfg: CoevoConfig, dcfg: DictConfig, ckpt: Optional[Path]) -> MetricsLog:
+    """metrics.jsonl and `run.logger` from the step after `ckpt` on (0: a fresh start).
+
+    Made before the actors: a logger that cannot start (run.logger=wandb, not installed) fails in seconds.
+    """
+    return MetricsLog(Path(cfg.run.dir), cfg.run.logger, cfg.run.wandb_project,
+                      OmegaConf.to_container(dcfg, resolve=True, enum_to_str=True),
+                      start=read_state(ckpt)["step"] + 1 if ckpt is not None else 0)
 
 
 def restore(ckpt: Optional[Path], run_dir: Path, actors: Any) -> tuple[int, int]:
@@ -109,8 +130,8 @@ def restore(ckpt: Optional[Path], run_dir: Path, actors: Any) -> tuple[int, int]
     restore_rng(state["rng"])
     drop_dumps_after(run_dir, state["step"])
     dropped = drop_checkpoints_after(run_dir, state["step"])
-    print(f"resumed from {ckpt} (step {state['step']} done, cursor {state['cursor']})"
-          + (f"; deleted the unverified {', '.join(dropped)}" if dropped else ""), flush=True)
+    say(f"resumed from {ckpt} (step {state['step']} done, cursor {state['cursor']})"
+        + (f"; deleted the unverified {', '.join(dropped)}" if dropped else ""))
     return state["step"] + 1, state["cursor"]
 
 
@@ -175,14 +196,15 @@ def run_contents(run_dir: Path) -> list[tuple[str, str]]:
     return rows
 
 
-def done_report(run_dir: Path, stopped: Optional[str] = None,
+def done_report(run_dir: Path | str, stopped: Optional[str] = None,
                 rows: Optional[list[tuple[str, str]]] = None) -> str:
     """`done: <run dir>` (with `(stopped ...)` when it did not finish), then one line per output it holds.
 
-    rows: (what, where) lines to list instead of `run_contents(run_dir)`.
+    rows: (what, where) lines to list instead of `run_contents(run_dir)` (then `run_dir` may be
+    any short text: `coevo.inspect --compare` reports on several runs).
     """
     head = f"done: {run_dir}" + (f" ({stopped})" if stopped else "")
-    listed = run_contents(run_dir) if rows is None else rows
+    listed = run_contents(Path(run_dir)) if rows is None else rows
     return "\n".join([head, *(f"  {what:<12} {where}" for what, where in listed)])
 
 
@@ -196,15 +218,18 @@ def error_line(e: BaseException, limit: int = 200) -> str:
 def run_and_report(prog: str, run_dir: Path, body: Callable[[], object]) -> None:
     """Run `body` (which claims `run_dir`) and end with its done report; never returns on failure.
 
-    Exit codes: 2 when run.dir cannot be used as asked (nothing of it was touched: no report),
-    1 when the run stopped on an error, 128 + n when signal n stopped it.
+    Exit codes: 2 when run.dir cannot be used as asked or a model cannot be had (no report: the
+    run wrote nothing), 1 when the memory estimate exceeds the budget (no report either) or the
+    run stopped on an error, 128 + n when signal n stopped it.
     """
     try:
         with stop_on_signals():
             body()
-    except RunDirError as e:
-        print(f"{prog}: error: {e}", file=sys.stderr)
+    except (RunDirError, PreflightError) as e:
+        report_error(prog, e)
         sys.exit(2)
+    except MemoryBudgetError as e:
+        sys.exit(str(e))
     except ActorFailure as e:
         _stop(f"coevo: run stopped: {e}\n{stopped_advice(run_dir)}", run_dir, f"stopped: {error_line(e)}", 1)
     except Stopped as e:
@@ -213,7 +238,7 @@ def run_and_report(prog: str, run_dir: Path, body: Callable[[], object]) -> None
         log.exception("%s stopped on an error", prog)
         _stop(f"{prog}: stopped on an error. {stopped_advice(run_dir)}", run_dir,
               f"stopped on an error: {error_line(e)}", 1)
-    print(done_report(run_dir), flush=True)
+    say(done_report(run_dir))
 
 
 def _stop(message: str, run_dir: Path, stopped: str, code: int) -> None:

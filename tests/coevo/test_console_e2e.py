@@ -43,9 +43,8 @@ def test_smoke_run_prints_a_start_line_one_line_per_step_and_done(tmp_path):
     assert re.fullmatch(r"\[step 1/2\] accepted \d+/4 \| solver reward \S+ format \S+ \| ranker format \S+ \| "
                         r"[\d.]+s \| ETA \S+", lines[1]), lines[1]
     assert lines[2].startswith("[step 2/2] accepted ") and lines[2].endswith("ETA 0s")
-    # The end: a `done:` line (today `done: task dumps in …`; `done: <run dir>` and what the run dir holds
-    # once every entry point ends the same way, issue 16 item 2). Nothing else before it.
-    assert lines[3].startswith("done: "), lines[3:]
+    # The end: `done: <run dir>` and what the run dir holds (coevo/orchestrate/persist.py). Nothing else before it.
+    assert lines[3] == f"done: {run_dir}", lines[3:]
     log = (run_dir / "run.log").read_text()
     for text in ("preflight: solver: preset tiny-random", "memory: estimated peak", "actors ready in",
                  "solving with G=2", lines[1], lines[2],

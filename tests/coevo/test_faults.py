@@ -141,7 +141,7 @@ def test_resume_checks_the_stored_config_of_a_real_run(tmp_path):
     stored = OmegaConf.to_yaml(compose(["experiment=smoke", f"run.dir={tmp_path}"]), resolve=True)
     (tmp_path / "config.yaml").write_text(stored)
     same = compose(["experiment=smoke", f"run.dir={tmp_path}", "run.steps=9", "resume=true", "rollout=vllm",
-                    "solver.num_cpus=3", "ray.address=auto", "log.level=debug"])
+                    "solver.num_cpus=3", "ray.address=auto"])
     check_same_experiment(tmp_path, OmegaConf.to_yaml(same, resolve=True), CoevoConfig)
     other = compose(["experiment=smoke", f"run.dir={tmp_path}", "seed=3", "solver.lr=0.5", "ranker.mode=none"])
     with pytest.raises(RunDirError) as err:

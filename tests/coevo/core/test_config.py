@@ -64,7 +64,6 @@ def test_unknown_key_named():
     ("rollout.engine=tpu", "rollout.engine", "hf, vllm"),
     ("solver.engine=tpu", "solver.engine", "hf, vllm"),
     ("ranker.dtype=fp8", "ranker.dtype", "float32, bfloat16, float16"),
-    ("log.level=verbose", "log.level", "info, debug"),
 ])
 def test_bad_enum_values_name_key_and_choices(override, key, choices):
     with pytest.raises(ValueError, match=rf"(?s)expected one of \[{choices}\].*full_key: {key}"):
@@ -75,7 +74,6 @@ def test_bad_enum_values_name_key_and_choices(override, key, choices):
     ("eval", "mode=agnet", "mode", "direct, rag, agent"),
     ("eval", "untagged=x", "untagged", "empty, raw"),
     ("solve", "ranker.mode=best", "ranker.mode", "trainable, frozen, none, oracle"),
-    ("eval", "log.level=loud", "log.level", "info, debug"),
 ])
 def test_bad_enum_values_in_other_roots(root, override, key, choices):
     with pytest.raises(ValueError, match=rf"(?s)expected one of \[{choices}\].*full_key: {key}"):

@@ -97,7 +97,9 @@ def small_overrides(entry: str, args: list[str], fresh_dir: Path, corpus: Path) 
 def expected_paths(entry: str, args: list[str], cwd: Path) -> list[Path]:
     """The paths the README says the command leaves."""
     values = dict(a.split("=", 1) for a in args if "=" in a)
-    if entry in ("coevo.run", "make run") and values.get("dry_run") != "true":
+    if writes_nothing(args):
+        return []
+    if entry in ("coevo.run", "make run"):
         return [Path(values["run.dir"]) / p for p in RUN_OUTPUTS]
     if entry == "coevo.solve":
         return [Path(values["run.dir"]) / "metrics.jsonl", Path(values["run.dir"]) / "run.log"]
@@ -106,6 +108,11 @@ def expected_paths(entry: str, args: list[str], cwd: Path) -> list[Path]:
     if entry == "coevo.inspect" and "--html" in args:
         return [cwd / args[args.index("--html") + 1]]
     return []
+
+
+def writes_nothing(args: list[str]) -> bool:
+    """`--help` and `dry_run=true`: the README says these leave nothing on disk."""
+    return "--help" in args or "dry_run=true" in args
 
 
 def prepare(command: str, n: int, work: Path, ctx: dict[str, str]) -> tuple[list[str], list[Path]]:
@@ -140,6 +147,9 @@ def test_every_readme_command_runs(tmp_path, shared_data, small_corpus):
         proc = subprocess.run(argv, cwd=tmp_path, env=env, capture_output=True, text=True, timeout=900)
         times.append(f"{time.perf_counter() - t0:6.1f}s  {command}")
         missing = [str(p) for p in paths if not p.exists()]
+        run_dirs = [Path(a.split("=", 1)[1]) for a in argv if a.startswith("run.dir=")]
+        if writes_nothing(argv):  # nothing on disk afterwards, not even an empty run directory
+            missing += [f"(should not exist) {d}" for d in run_dirs if d.exists()]
         if proc.returncode != 0 or missing:
             failures.append(f"{command}\n  ran: {shlex.join(argv)}\n  exit {proc.returncode}; missing {missing}\n"
                             f"{proc.stdout[-1500:]}{proc.stderr[-1500:]}")

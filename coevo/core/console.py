@@ -23,8 +23,9 @@ import json
 import logging
 import os
 import sys
+from contextlib import contextmanager
 from pathlib import Path
-from typing import IO, Optional
+from typing import IO, Iterator, Optional
 
 from tqdm import tqdm
 
@@ -208,6 +209,32 @@ def _redirect_output(path: Path) -> IO[str]:
     os.dup2(fd, 2)
     os.close(fd)
     return old_stderr
+
+
+@contextmanager
+def children_print_to_log() -> Iterator[None]:
+    """Processes started inside the block print to run.log, not the terminal, for their whole life.
+
+    vLLM's engine core and worker processes inherit the starter's stdout/stderr descriptors and
+    print their imports' warnings and load bars there; in the driver (`coevo.solve`,
+    `ray.local=true`) that is the terminal. The block points both descriptors at run.log while
+    they start and restores them after. Nothing changes without a run.log or with debug logging.
+    """
+    path = _configured.get("file")
+    if not path or _configured.get("level") == "debug":
+        yield
+        return
+    saved = os.dup(1), os.dup(2)
+    old_stderr = _redirect_output(Path(path))
+    try:
+        yield
+    finally:
+        sys.stdout.flush()
+        sys.stderr.flush()
+        for fd, target in zip(saved, (1, 2)):
+            os.dup2(fd, target)
+            os.close(fd)
+        old_stderr.close()
 
 
 def setup_worker_logging() -> None:

@@ -13,18 +13,17 @@ Same semantics as `coevo.train.engines.hf.HFEngine` (docs/vllm.md has the table)
 
 Weight sync (`sync_weights(model)`, called by `Policy.update` after every optimizer step):
 - `weight_sync="tmpfs"` (default, any platform): a safetensors file (deleted once read) in this engine's dir under
-  `/dev/shm`, then `collective_rpc("reload_weights", kwargs={"weights_path": dir})` and
-  `reset_prefix_cache()`: vLLM's loader redoes its weight repacking (loading tensors straight into
-  `model.load_weights` fails on CPU). No restart. The engine runs with untied output embeddings and
-  gets `lm_head.weight` explicitly (see `_engine_tensors`). Cost: `last_sync_s`.
+  `/dev/shm`, then `collective_rpc("reload_weights", kwargs={"weights_path": dir})` and `reset_prefix_cache()`:
+  vLLM's loader redoes its weight repacking (loading tensors straight into `model.load_weights` fails on CPU).
+  No restart. Untied output embeddings, `lm_head.weight` sent explicitly (`_engine_tensors`). Cost: `last_sync_s`.
 - `weight_sync="ipc"` (CUDA, trainer model on the engine's GPU): vLLM's weight-transfer API
   (`weight_transfer_config={"backend": "ipc"}`) maps the live parameters through CUDA IPC handles,
   which travel by `collective_rpc` and need `VLLM_ALLOW_INSECURE_SERIALIZATION=1` (set here). Not run
   by CPU CI: `bench/gpu_check.sh` checks it.
 
 Memory plan:
-- CPU: `gpu_memory_utilization` x system RAM per engine, turned into an explicit KV-cache size
-  (`_cpu_kv_cache_bytes`), zero-filled at start: three policies on 24 GB want 0.05-0.1 each.
+- CPU: `gpu_memory_utilization` x system RAM per engine, an explicit KV-cache size (`_cpu_kv_cache_bytes`),
+  zero-filled at start: three policies on 24 GB want 0.05-0.1 each.
 - GPU, colocated: training needs about 16 bytes/param (fp32 weights, grads, AdamW) plus activations;
   give vLLM the rest (`gpu_memory_utilization` 0.3-0.4 for a 7B policy on 80-141 GB). With
   `sleep_mode=True`, `engine.sleep()` before the optimizer step frees vLLM's weights and KV cache;
@@ -44,6 +43,7 @@ from typing import Any, Optional
 
 import torch
 
+from coevo.core.console import children_print_to_log
 from coevo.core.lifetime import reap_with_owner
 from coevo.core.types import Completion, SamplingParams
 
@@ -68,9 +68,7 @@ def _eos_ids_from_path(path: str, tokenizer) -> set[int]:  # noqa: ANN001
 
     from coevo.train.engines.hf import eos_token_ids
 
-    gen_cfg = None
-    if (Path(path) / "generation_config.json").exists():
-        gen_cfg = GenerationConfig.from_pretrained(path)
+    gen_cfg = GenerationConfig.from_pretrained(path) if (Path(path) / "generation_config.json").exists() else None
     # eos_token_ids only reads `.generation_config` from the model it is given.
     return eos_token_ids(SimpleNamespace(generation_config=gen_cfg), tokenizer)
 
@@ -180,7 +178,9 @@ class VLLMEngine:
         if enforce_eager is None:
             enforce_eager = bool(getattr(cfg, "vllm_enforce_eager", True))
         t0 = time.perf_counter()
-        self.llm = vllm.LLM(**self._llm_kwargs(path, cfg, enforce_eager, kv_cache_memory_bytes, max_model_len, seed))
+        kwargs = self._llm_kwargs(path, cfg, enforce_eager, kv_cache_memory_bytes, max_model_len, seed)
+        with children_print_to_log():  # the engine's processes print to run.log, not the terminal
+            self.llm = vllm.LLM(**kwargs)
         self.startup_s = time.perf_counter() - t0  # engine start-up (processes, weights, KV cache)
         self._drop_staged_weights()
         self._finalizer.detach()

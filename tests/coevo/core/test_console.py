@@ -12,6 +12,7 @@ from coevo.core import console
 from coevo.core.console import (
     ConsoleFilter,
     ConsoleFormatter,
+    children_print_to_log,
     report_error,
     say,
     setup_logging,
@@ -70,6 +71,33 @@ def test_say_prints_before_logging_is_set_up(capsys, monkeypatch):
     monkeypatch.setattr(console, "_configured", {})
     say("plain line")
     assert capsys.readouterr().out == "plain line\n"
+
+
+CHILD = [sys.executable, "-c", "import sys; print('child out'); print('child err', file=sys.stderr)"]
+
+
+@pytest.mark.parametrize("level,to_log", [("info", True), ("debug", False)])
+def test_processes_started_in_the_block_print_to_run_log(tmp_path, capfd, monkeypatch, level, to_log):
+    log = tmp_path / "run.log"
+    monkeypatch.setattr(console, "_configured", {"file": str(log), "level": level})
+    print("before", flush=True)
+    with children_print_to_log():
+        subprocess.run(CHILD, check=True)  # inherits the descriptors, as vLLM's engine processes do
+    print("after", flush=True)
+    print("after err", file=sys.stderr, flush=True)
+    out, err = capfd.readouterr()
+    assert out.splitlines()[0] == "before" and out.splitlines()[-1] == "after" and err.endswith("after err\n")
+    in_log = log.read_text() if log.exists() else ""
+    assert ("child out" in in_log and "child err" in in_log) is to_log
+    assert ("child out" in out and "child err" in err) is not to_log
+
+
+def test_without_a_run_log_children_print_to_the_terminal(capfd, monkeypatch):
+    monkeypatch.setattr(console, "_configured", {})
+    with children_print_to_log():
+        subprocess.run(CHILD, check=True)
+    out, err = capfd.readouterr()
+    assert "child out" in out and "child err" in err
 
 
 @pytest.fixture

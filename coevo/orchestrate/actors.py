@@ -252,6 +252,9 @@ def init_ray(cfg: CoevoConfig) -> None:
     if cfg.ray.address:
         kwargs["address"] = cfg.ray.address
     else:
+        # A new local cluster, never one already running on this machine (`ray start`, RAY_ADDRESS),
+        # which ray.init() would otherwise join, and which refuses num_cpus.
+        kwargs["address"] = "local"
         # Policies declare their CPU share; a local cluster must admit all actors even on 2 cores.
         need = math.ceil(sum(getattr(cfg, r).num_cpus for r in ("proposer", "solver", "ranker")) + 2)
         if cfg.ray.num_cpus is not None and cfg.ray.num_cpus < need:

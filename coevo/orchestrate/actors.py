@@ -270,7 +270,7 @@ def create_actors(cfg: CoevoConfig) -> Actors:
     own = ranker_policy_config(cfg.ranker, cfg.solver) if cfg.ranker.mode in ("trainable", "frozen") else None
     requests = _requests(cfg, own)
     check_schedulable(requests)
-    opts = placement_options(requests, cfg.ray.placement)
+    pg, opts = placement_options(requests, cfg.ray.placement)
     proposer = _policy_actor(cfg, cfg.proposer, "proposer", cfg.seed + 1, opts["proposer"])
     solver = _policy_actor(cfg, cfg.solver, "solver", cfg.seed + 2, opts["solver"])
     ranker: Optional[RemotePolicy] = None
@@ -283,7 +283,7 @@ def create_actors(cfg: CoevoConfig) -> Actors:
         trainable["ranker"] = ranker
     handles = {"proposer": proposer.actor, "solver": solver.actor, "retrieval": retrieval.actor,
                "evidence": evidence.actor, **({"ranker": ranker.actor} if own is not None else {})}
-    placed = wait_until_ready(handles, requests, cfg.ray, call)
+    placed = wait_until_ready(handles, requests, cfg.ray, call, pg)
     placement = {name: {**info, "resources": requests[name]} for name, info in placed.items()}
     return Actors(proposer, solver, ranker, retrieval, evidence, trainable, placement)
 

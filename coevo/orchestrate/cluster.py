@@ -152,8 +152,8 @@ def check_schedulable(requests: Requests) -> None:
                               "(e.g. proposer.num_cpus=0.5), drop a <role>.resources label, or add nodes")
 
 
-def placement_options(requests: Requests, placement: str) -> dict[str, dict[str, Any]]:
-    """Actor name -> Ray options: one placement group bundle per actor that requests anything."""
+def placement_options(requests: Requests, placement: str) -> tuple[Any, dict[str, dict[str, Any]]]:
+    """(the placement group or None, actor name -> Ray options): one bundle per actor that requests anything."""
     from ray.util.placement_group import placement_group
     from ray.util.scheduling_strategies import PlacementGroupSchedulingStrategy
 
@@ -169,45 +169,62 @@ def placement_options(requests: Requests, placement: str) -> dict[str, dict[str,
         else:  # requests nothing: outside the group (Ray refuses empty bundles), by the same strategy
             opts["scheduling_strategy"] = "SPREAD" if strategy == "SPREAD" else "DEFAULT"
         out[name] = opts
-    return out
+    return pg, out
 
 
-def pending_report(pending: list[str], requests: Requests, waited_s: float) -> str:
-    """The line start-up prints while actors wait: who, what each asks for, what each node has free."""
+def pending_report(pending: list[str], requests: Requests, waited_s: float, placed: bool) -> str:
+    """The line start-up prints while actors wait: who, what each asks for, what each node has free.
+
+    placed: the placement group holds every actor's resources, so the pending ones are loading
+    (a first-use build shows its own progress), not waiting for the cluster.
+    """
     asked = "; ".join(f"{n} ({fmt(requests.get(n, {}))})" for n in pending)
+    if placed:
+        return f"ray: after {waited_s:.0f}s {len(pending)} actors are placed and still starting (loading): {asked}"
     free = "; ".join(f"node {nid[:12]}: {fmt(r)}" for nid, r in node_free().items()) or "no live node"
-    return f"ray: after {waited_s:.0f}s still waiting for {len(pending)} actors: {asked}. Free now: {free}"
+    return (f"ray: after {waited_s:.0f}s {len(pending)} actors wait for resources: {asked}. Free now: {free} "
+            "(other jobs may hold the rest)")
+
+
+def _placed(pg: Any) -> bool:
+    from ray.util.placement_group import placement_group_table
+
+    return pg is not None and placement_group_table(pg).get("state") == "CREATED"
 
 
 def wait_until_ready(handles: dict[str, Any], requests: Requests, ray_cfg: RayConfig,
-                     call: Callable[[Any, str], Any]) -> dict[str, dict]:
+                     call: Callable[[Any, str], Any], pg: Any = None) -> dict[str, dict]:
     """Each actor's `ready()` (where it runs), reporting what is pending; fail when it cannot or did not start.
 
-    An actor that fails at start (a path its node lacks) fails the wait at once; a request the
-    live nodes can no longer satisfy (a node left) too; otherwise the wait ends after
-    `ray.ready_timeout_s`.
+    The first report comes after `ray.report_pending_s`, the next ones twice as far apart each
+    time (at most a minute). An actor that fails at start (a path its node lacks) fails the
+    wait at once, and so does a request the live nodes can no longer hold (a node left);
+    otherwise the wait ends after `ray.ready_timeout_s`.
     """
     refs = {name: h.ready.remote() for name, h in handles.items()}
-    t0, where = time.monotonic(), {}
+    t0, where, gap = time.monotonic(), {}, ray_cfg.report_pending_s
+    next_report = t0 + gap
     while True:
-        waited = time.monotonic() - t0
-        left = ray_cfg.ready_timeout_s - waited
+        left = ray_cfg.ready_timeout_s - (time.monotonic() - t0)
         done, _ = ray.wait([r for n, r in refs.items() if n not in where], num_returns=1,
-                           timeout=max(0.0, min(ray_cfg.report_pending_s, left)))
+                           timeout=max(0.0, min(next_report - time.monotonic(), left, 1.0)))
         for name, ref in refs.items():
-            if ref in done:
+            if ref in done and name not in where:
                 where[name] = call(ref, f"{name} start-up")
         pending = [n for n in refs if n not in where]
         if not pending:
             return where
-        if ray.wait([refs[n] for n in pending], num_returns=1, timeout=0)[0]:
-            continue  # one more finished meanwhile: collect it before reporting
-        check_schedulable({n: requests.get(n, {}) for n in refs})
         waited = time.monotonic() - t0
         if waited >= ray_cfg.ready_timeout_s:
+            report = pending_report(pending, requests, waited, _placed(pg))
             raise SchedulingError(f"actors {pending} did not start within ray.ready_timeout_s="
-                                  f"{ray_cfg.ready_timeout_s}s; {pending_report(pending, requests, waited)}")
-        say(pending_report(pending, requests, waited))
+                                  f"{ray_cfg.ready_timeout_s}s; {report}")
+        if time.monotonic() >= next_report:
+            check_schedulable({n: requests.get(n, {}) for n in refs})
+            placed = _placed(pg)  # loading is the normal start (run.log); waiting for the cluster is news
+            (LOG.info if placed else say)(pending_report(pending, requests, waited, placed))
+            gap = min(2 * gap, 60.0)
+            next_report = time.monotonic() + gap
 
 
 def record_placement(run_dir: Optional[os.PathLike | str], placement: dict[str, dict]) -> None:
@@ -219,8 +236,10 @@ def record_placement(run_dir: Optional[os.PathLike | str], placement: dict[str, 
         LOG.info("actor %s on node %s (host %s, %s, pid %s): %s", name, p["node_id"], p["host"], p["ip"], p["pid"],
                  fmt(p["resources"]))
     nodes = sorted({p["node_id"] for p in placement.values()})
-    say(f"ray: {len(placement)} actors on {len(nodes)} node{'s' if len(nodes) > 1 else ''}: " + "; ".join(
-        f"node {nid[:12]}: {', '.join(n for n, p in placement.items() if p['node_id'] == nid)}" for nid in nodes))
+    by_node = "; ".join(f"node {nid[:12]}: {', '.join(n for n, p in placement.items() if p['node_id'] == nid)}"
+                        for nid in nodes)
+    # On one machine there is nothing to see; across nodes the terminal says where each role runs.
+    (say if len(nodes) > 1 else LOG.info)(f"ray: {len(placement)} actors on {len(nodes)} node(s): {by_node}")
     if run_dir is not None:
         path = os.path.join(run_dir, "config.yaml")
         with open(path, encoding="utf-8") as f:

@@ -52,6 +52,22 @@ def _weight_update_reaches_the_engine(address: str, cfg, node_b: str) -> None:
     ray.kill(actor)
 
 
+def _missing_corpus_names_node_and_path(tmp_path: Path, node_b: str) -> None:
+    """The retrieval actor on node_b checks its corpus before it loads anything."""
+    import ray
+
+    from coevo.core.config import compose, to_object
+    from coevo.orchestrate.actors import ActorFailure, RetrievalWorker, call
+    from coevo.orchestrate.hostpaths import for_workers
+
+    gone = tmp_path / "gone.jsonl"
+    cfg = for_workers(to_object(compose(["experiment=smoke", "corpus=jsonl", f"corpus.path={gone}"])))
+    actor = ray.remote(RetrievalWorker).options(num_cpus=0.5, resources={"node_b": 0.1}).remote(cfg)
+    with pytest.raises(ActorFailure, match=rf"^the retrieval actor on node {node_b[:12]} \(host .+\) cannot use what "
+                                           rf"it needs: corpus.path: {gone} does not exist; every node"):
+        call(actor.ready.remote(), "retrieval start-up")
+
+
 @pytest.mark.slow
 def test_run_on_a_two_node_cluster(tmp_path, small_corpus):
     import ray
@@ -90,6 +106,7 @@ def test_run_on_a_two_node_cluster(tmp_path, small_corpus):
         try:
             cfg = to_object(compose(["experiment=smoke", "solver.lr=0.05", f"ray.address={cluster.address}"]))
             _weight_update_reaches_the_engine(cluster.address, cfg, node_b)
+            _missing_corpus_names_node_and_path(tmp_path, node_b)
             t0 = time.monotonic()
             with pytest.raises(SchedulingError, match=r"the solver actor requests CPU 1, GPU 1, more than any node"):
                 create_actors(to_object(compose(["experiment=smoke", "solver.num_gpus=1",

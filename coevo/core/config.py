@@ -182,8 +182,8 @@ class RayConfig:
     num_cpus: Optional[int] = None  # CPUs of the local cluster (None = all)
     local: bool = False  # run every role in the driver process without Ray (debugging, tests)
     ready_timeout_s: float = 1800.0  # actors not started by then (e.g. waiting on busy nodes) stop the run
-    report_pending_s: float = 5.0  # start-up prints pending actors, their requests and the free resources this often
-    placement: Placement = Placement.spread  # actors across nodes: spread (one per node in turn) | pack (fewest nodes)
+    report_pending_s: float = 5.0  # first report of actors still pending (requests, free resources); then 2x apart
+    placement: Placement = Placement.spread  # actors over nodes: spread (Ray SPREAD, even) | pack (fewest nodes)
 
 
 @dataclass

@@ -1,5 +1,6 @@
 """Scheduling decisions and host paths of Ray runs, without a cluster (coevo/orchestrate/cluster.py, hostpaths.py)."""
 import os
+import time
 
 import pytest
 
@@ -82,3 +83,47 @@ def test_resources_take_free_keys_on_the_command_line():
     assert cfg.solver.resources == {"node_b": 0.1} and cfg.evidence.resources == {"node_a": 1.0}
     with pytest.raises(ValueError, match="'resource' is not a key of solver"):
         compose(["+solver.resource.node_b=0.1"])
+
+
+def test_placement_is_appended_to_config_yaml_once(tmp_path):
+    import yaml
+
+    from coevo.orchestrate.cluster import record_placement
+
+    (tmp_path / "config.yaml").write_text("seed: 0\nray:\n  placement: spread\n")
+    where = {"node_id": "ab" * 28, "host": "h", "ip": "10.0.0.1", "pid": 7}
+    record_placement(tmp_path, {"solver": {**where, "resources": {"CPU": 0.5}}})
+    record_placement(tmp_path, {"solver": {**where, "pid": 8, "resources": {"CPU": 0.5}}})  # a resumed run
+    stored = yaml.safe_load((tmp_path / "config.yaml").read_text())
+    assert stored["seed"] == 0 and stored["ray"] == {"placement": "spread"}
+    assert stored["placement"] == {"solver": {**where, "pid": 8, "resources": {"CPU": 0.5}}}
+    record_placement(tmp_path, {})  # ray.local=true: nothing recorded
+    assert yaml.safe_load((tmp_path / "config.yaml").read_text()) == stored
+
+
+def test_waiting_actors_are_reported_then_time_out(monkeypatch):
+    """Resources held by another job: reports name the pending actors and the free resources, then the timeout."""
+    from coevo.core.config import RayConfig
+    from coevo.orchestrate import cluster
+
+    class Handle:
+        class ready:  # noqa: N801  the shape of an actor method
+            @staticmethod
+            def remote():
+                return object()
+
+    def nothing_ready(refs, num_returns, timeout):
+        time.sleep(timeout)
+        return [], refs
+
+    said = []
+    monkeypatch.setattr(cluster.ray, "wait", nothing_ready)
+    monkeypatch.setattr(cluster, "node_totals", lambda: TWO_NODES)
+    monkeypatch.setattr(cluster, "node_free", lambda: {"aaaa": {"CPU": 0.0}, "bbbb": {"CPU": 1.0}})
+    monkeypatch.setattr(cluster, "say", said.append)
+    requests = default_requests(0.5)
+    with pytest.raises(cluster.SchedulingError, match=r"did not start within ray.ready_timeout_s=0.5s; ray: after "):
+        cluster.wait_until_ready({n: Handle for n in requests}, requests,
+                                 RayConfig(ready_timeout_s=0.5, report_pending_s=0.1), call=lambda r, w: {})
+    assert said and said[0].startswith("ray: after 0s 5 actors wait for resources: proposer (CPU 0.5); ")
+    assert said[0].endswith("Free now: node aaaa: CPU 0; node bbbb: CPU 1 (other jobs may hold the rest)")

@@ -6,6 +6,7 @@ solver actor on the second node generates with its updated weights after an upda
 request no node can hold fails in seconds. Every process the test starts is gone at its end.
 """
 import os
+import shutil
 import subprocess
 import sys
 import tempfile
@@ -116,6 +117,7 @@ def test_run_on_a_two_node_cluster(tmp_path, small_corpus):
             ray.shutdown()
     finally:
         cluster.shutdown()
+        shutil.rmtree(temp_dir, ignore_errors=True)
     deadline = time.monotonic() + 30
     while time.monotonic() < deadline and any(_alive(p) for p in ray_pids + actor_pids):
         time.sleep(0.5)

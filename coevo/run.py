@@ -27,6 +27,7 @@ from coevo.core.inputs import load_reference_questions
 from coevo.core.lifetime import ensure_reaper, uninterrupted
 from coevo.core.progress import StepBar
 from coevo.orchestrate.actors import create_actors, create_local_actors
+from coevo.orchestrate.cluster import record_placement
 from coevo.orchestrate.loop import coevolution_step, step_seed
 from coevo.orchestrate.outputs import MetricsLog, step_headline, write_task_dump
 from coevo.orchestrate.persist import checkpoint_due, open_metrics, open_run, restore, run_and_report, save_step
@@ -58,6 +59,7 @@ def train(cfg: CoevoConfig, dcfg: DictConfig) -> Path:
         metrics = open_metrics(cfg, dcfg, ckpt)
         try:
             actors = create_local_actors(cfg) if cfg.ray.local else create_actors(cfg)
+            record_placement(run_dir, actors.placement)
             start, cursor = restore(ckpt, run_dir, actors)
             LOG.info("actors ready in %.1fs; %d reference questions; steps %d..%d; run dir %s",
                      time.perf_counter() - t0, len(questions), start, cfg.run.steps - 1, run_dir)

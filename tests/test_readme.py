@@ -27,6 +27,16 @@ NOT_RUN = {
     "make test": "runs the whole suite, this test included",
     ".venv/bin/python -m coevo.run proposer=qwen3-4b solver=qwen2.5-7b ranker=qwen2.5-3b":
         "GPU presets: 29 GB of weights from the hub, one GPU per policy (num_gpus=1)",
+    # README "On a cluster": tests/coevo/test_cluster_e2e.py runs the same on a two-node ray.cluster_utils.Cluster.
+    """ray start --head --port=6379 --num-cpus=8 --num-gpus=4 --resources='{"node_a": 1}'""":
+        "starts a Ray head node with GPUs this machine lacks",
+    """ray start --address=<head>:6379 --num-cpus=8 --num-gpus=4 --resources='{"node_b": 1}'""":
+        "joins a second machine to that cluster",
+    ".venv/bin/python -m coevo.run ray.address=<head>:6379 proposer=qwen3-4b solver=qwen2.5-7b ranker=qwen2.5-3b":
+        "needs that cluster and the GPU presets",
+    ".venv/bin/python -m coevo.run ray.address=<head>:6379 experiment=smoke +solver.resources.node_b=0.1 "
+    "ray.placement=pack": "needs that cluster (a node labelled node_b)",
+    "ray stop": "stops that cluster",
 }
 # (README text, what runs instead, why): placeholders filled, and what is too big for a test made small.
 SUBSTITUTIONS = [

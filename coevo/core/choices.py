@@ -105,3 +105,10 @@ class Logger(StrEnum):
     tensorboard = "tensorboard"  # event files in <run.dir>/tensorboard
     wandb = "wandb"  # Weights & Biases (optional package); offline unless WANDB_MODE is set
     none = "none"  # metrics.jsonl only
+
+
+class Placement(StrEnum):
+    """How the actors' placement group lays them out over the cluster's nodes (same on one node)."""
+
+    spread = "spread"  # Ray's SPREAD: across distinct nodes, as evenly as possible
+    pack = "pack"  # Ray's PACK: on as few nodes as possible

@@ -13,7 +13,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Optional
+from typing import Dict, Optional
 
 from omegaconf import MISSING, DictConfig, OmegaConf
 
@@ -25,6 +25,7 @@ from coevo.core.choices import (
     Grouping,
     Logger,
     LogLevel,
+    Placement,
     ProposerGeneration,
     ProposerReward,
     RankerMode,
@@ -61,6 +62,7 @@ class PolicyConfig:
     max_prompt_tokens: int = 2048  # prompts longer than this are truncated from the left
     num_cpus: float = 1.0  # CPUs requested by this policy's Ray actor
     num_gpus: float = 0.0  # GPUs requested by this policy's Ray actor
+    resources: Dict[str, float] = field(default_factory=dict)  # custom Ray resources of its actor (node labels)
     gpu_memory_utilization: float = 0.05  # vLLM share: of RAM (KV cache) on CPU, of GPU memory (+weights) on GPU
     vllm_enforce_eager: bool = "${rollout.vllm_enforce_eager}"  # type: ignore[assignment]  # skip CUDA graph capture
 
@@ -134,6 +136,7 @@ class RetrievalConfig:
 
     backend: RetrievalBackend = RetrievalBackend.bm25s  # bm25s | rank_bm25 | dense_minilm
     cache_dir: Optional[str] = None  # index cache (default $COEVO_CACHE/indexes)
+    resources: Dict[str, float] = field(default_factory=dict)  # custom Ray resources of the retrieval actor (labels)
 
 
 @dataclass
@@ -154,6 +157,7 @@ class EvidenceConfig:
     retrieve_k: int = 5  # passages retrieved per entity while expanding the graph
     max_question_chars: int = 300  # questions longer than this are rejected
     support_head: bool = False  # corpus support may come from a qualified target's head ("Abuja, Nigeria" -> "Abuja")
+    resources: Dict[str, float] = field(default_factory=dict)  # custom Ray resources of the evidence actor (labels)
 
 
 @dataclass
@@ -177,7 +181,9 @@ class RayConfig:
     address: Optional[str] = None  # join this cluster; None starts a local one
     num_cpus: Optional[int] = None  # CPUs of the local cluster (None = all)
     local: bool = False  # run every role in the driver process without Ray (debugging, tests)
-    ready_timeout_s: float = 1800.0  # actors not started by then (e.g. unschedulable) stop the run
+    ready_timeout_s: float = 1800.0  # actors not started by then (e.g. waiting on busy nodes) stop the run
+    report_pending_s: float = 5.0  # first report of actors still pending (requests, free resources); then 2x apart
+    placement: Placement = Placement.spread  # actors over nodes: spread (Ray SPREAD, even) | pack (fewest nodes)
 
 
 @dataclass

@@ -80,7 +80,7 @@ RANGES: dict[str, dict[str, Range]] = {
     "EvidenceConfig": {"max_hops": AT_LEAST_1, "branching": AT_LEAST_1, "retrieve_k": AT_LEAST_1,
                        "max_question_chars": AT_LEAST_1},
     "RunConfig": {"steps": AT_LEAST_1, "save_every": AT_LEAST_1},
-    "RayConfig": {"num_cpus": AT_LEAST_1, "ready_timeout_s": POSITIVE},
+    "RayConfig": {"num_cpus": AT_LEAST_1, "ready_timeout_s": POSITIVE, "report_pending_s": POSITIVE},
     "CoevoConfig": {"seed": NON_NEGATIVE},
     "SolveConfig": {"limit": AT_LEAST_1, "steps": AT_LEAST_1, "batch_questions": AT_LEAST_1},
     "EvalRootConfig": {"limit": AT_LEAST_1, "batch_size": AT_LEAST_1},

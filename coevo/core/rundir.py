@@ -47,7 +47,8 @@ RUN_OUTPUTS = (LOCK_NAME, CONFIG_NAME, "metrics.jsonl", "tasks", "checkpoints", 
 # Keys that do not change what a run computes: its length, place, hardware, engine and labels.
 NOT_EXPERIMENT = ("run.steps", "run.dir", "run.save_every", "run.memory_check", "run.overwrite", "resume", "dry_run",
                   "experiment_name", "log.*", "ray.*", "rollout.*", "retrieval.cache_dir", "solve.steps", "*.preset",
-                  "*.engine", "*.num_cpus", "*.num_gpus", "*.gpu_memory_utilization", "*.vllm_enforce_eager")
+                  "*.engine", "*.num_cpus", "*.num_gpus", "*.gpu_memory_utilization", "*.vllm_enforce_eager",
+                  "*.resources", "*.resources.*", "placement.*")  # placement: where the actors ran (written by the run)
 
 
 class RunDirError(RuntimeError):

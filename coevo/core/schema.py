@@ -53,6 +53,11 @@ def _block_of(hint: Any) -> Optional[type]:
     return hint if isinstance(hint, type) and is_dataclass(hint) else None
 
 
+def _is_mapping(hint: Any) -> bool:
+    hint = _optional_inner(hint) or hint
+    return get_origin(hint) is dict or hint is dict
+
+
 def _clean_comment(text: str) -> str:
     """The documentation in a field's trailing comment, without `#` and a leading `type: ignore[...]`."""
     text = text.lstrip("#").strip()
@@ -158,7 +163,10 @@ def unknown_key_error(key: str, schema: type) -> Optional[ValueError]:
         if part not in names:
             problem = f"{part!r} is not a key of {where}; expected one of {names}"
             break
-        node = _block_of(get_type_hints(node)[part])
+        hint = get_type_hints(node)[part]
+        if _is_mapping(hint) and depth == len(parts) - 2:
+            return None  # a free-form mapping (`solver.resources.node_a`): its keys are the user's
+        node = _block_of(hint)
     else:
         return None
     near = closest_keys(key, schema)

@@ -8,18 +8,25 @@ methods the episode code calls (`generate`, `chat_prompt_ids`, `tokenizer`, `sea
 """
 from __future__ import annotations
 
-import math
 import os
-from dataclasses import dataclass
+import socket
+from dataclasses import dataclass, field
 from typing import Any, Optional
 
 import ray
 from ray.exceptions import RayActorError, RayTaskError
 
 from coevo.core.config import CoevoConfig, PolicyConfig
-from coevo.core.console import WORKER_SETUP_HOOK, route_library_loggers, worker_env
-from coevo.core.lifetime import install_stop_handlers
 from coevo.core.types import Completion, EvidencePath, SamplingParams, Verdict
+from coevo.orchestrate.cluster import (  # noqa: F401  init_ray: imported from here by tests and tools
+    ActorFailure,
+    check_schedulable,
+    init_ray,
+    placement_options,
+    request_of,
+    wait_until_ready,
+)
+from coevo.orchestrate.hostpaths import HostPathError, Need, check_host_paths, for_workers, needs
 from coevo.train.models import resolve_model_path
 from coevo.train.policy import Policy
 from evidence.corpus import corpus_source, load_corpus
@@ -28,16 +35,26 @@ from evidence.retrieval import build_retriever
 from solver.ranker import ranker_policy_config
 
 
-class ActorFailure(RuntimeError):
-    """A Ray actor died or raised; the run stops with this message and keeps its checkpoints."""
-
-
 def call(ref: Any, what: str) -> Any:
-    """`ray.get` that turns actor crashes into one clear `ActorFailure`."""
+    """`ray.get` that turns actor crashes into one clear `ActorFailure`.
+
+    A path an actor's node lacks (`HostPathError`, raised as it starts) is reported by its own
+    message, without Ray's traceback around it.
+    """
     try:
         return ray.get(ref)
     except (RayActorError, RayTaskError) as e:
+        marker = f"{HostPathError.__name__}: "
+        text = str(e)
+        if marker in text:
+            raise ActorFailure(text.split(marker, 1)[1].splitlines()[0]) from e
         raise ActorFailure(f"{what} failed in its Ray actor: {e}") from e
+
+
+def where() -> dict:
+    """Where this actor runs: the placement record of run.log and config.yaml."""
+    return {"node_id": ray.get_runtime_context().get_node_id(), "host": socket.gethostname(),
+            "ip": ray.util.get_node_ip_address(), "pid": os.getpid()}
 
 
 def _limit_threads(num_cpus: float) -> None:
@@ -50,16 +67,16 @@ def _limit_threads(num_cpus: float) -> None:
 class PolicyWorker:
     """Actor body for one policy: generation and GRPO updates on its own process."""
 
-    def __init__(self, cfg: PolicyConfig, role: str, seed: int) -> None:
+    def __init__(self, cfg: PolicyConfig, role: str, seed: int, wanted: tuple[Need, ...] = ()) -> None:
         import torch
 
-
+        check_host_paths(role, list(wanted))  # before anything loads: a missing path names node and key
         _limit_threads(cfg.num_cpus)
         torch.manual_seed(seed)
         self.policy = Policy.from_config(cfg, role)
 
-    def ready(self) -> bool:
-        return True
+    def ready(self) -> dict:
+        return where()
 
     def info(self) -> dict:
         return {"params": self.policy.num_parameters(), "frozen": self.policy.frozen,
@@ -85,12 +102,13 @@ class RetrievalWorker:
     """Actor body holding the corpus and the first-stage index."""
 
     def __init__(self, cfg: CoevoConfig) -> None:
+        check_host_paths("retrieval", needs(cfg, "retrieval"))  # it only runs as an actor
         _limit_threads(1)
         self.corpus = load_corpus(corpus_source(cfg.corpus))
         self.retriever = build_retriever(self.corpus, cfg.retrieval.backend, cfg.retrieval.cache_dir)
 
-    def ready(self) -> bool:
-        return True
+    def ready(self) -> dict:
+        return where()
 
     def info(self) -> dict:
         return {"corpus": self.corpus.name, "passages": len(self.corpus), "hash": self.corpus.content_hash,
@@ -109,14 +127,15 @@ class EvidenceWorker:
 
     def __init__(self, cfg: CoevoConfig, own_process: bool = True) -> None:
         if own_process:  # in the driver (`ray.local=true`) the policies need every thread
+            check_host_paths("evidence", needs(cfg, "evidence"))
             _limit_threads(1)
         corpus = load_corpus(corpus_source(cfg.corpus))
         retriever = build_retriever(corpus, cfg.retrieval.backend, cfg.retrieval.cache_dir)
         self.pipeline = EvidencePipeline.from_config(corpus, retriever, cfg.evidence,
                                                      max_target_chars=cfg.proposer.max_target_chars)
 
-    def ready(self) -> bool:
-        return True
+    def ready(self) -> dict:
+        return where()
 
     # Verdicts and paths cross the Ray boundary as the dataclasses themselves (Ray pickles
     # them), so the driver never reads them back by key.
@@ -202,11 +221,12 @@ class RemotePolicy:
     def update(self, batch: list) -> dict:
         return call(self.actor.update.remote(batch), f"{self.role} update")
 
+    # Absolute: the actor's working directory (on another node) is not the driver's.
     def save(self, directory: str) -> str:
-        return call(self.actor.save.remote(str(directory)), f"{self.role} save")
+        return call(self.actor.save.remote(os.path.abspath(directory)), f"{self.role} save")
 
     def load(self, directory: str) -> None:
-        call(self.actor.load.remote(str(directory)), f"{self.role} load")
+        call(self.actor.load.remote(os.path.abspath(directory)), f"{self.role} load")
 
 
 @dataclass
@@ -219,86 +239,53 @@ class Actors:
     retrieval: RemoteRetriever
     evidence: Optional[RemoteEvidence]  # None in `coevo.solve`
     trainable: dict[str, RemotePolicy]  # role -> policy whose weights change and are checkpointed
+    placement: dict[str, dict] = field(default_factory=dict)  # actor -> node, host, pid, resources (Ray only)
 
 
-def _policy_actor(cfg: PolicyConfig, role: str, seed: int) -> RemotePolicy:
-    opts = {"num_cpus": cfg.num_cpus, "num_gpus": cfg.num_gpus, "name": None}
-    actor = ray.remote(PolicyWorker).options(**{k: v for k, v in opts.items() if v is not None}).remote(cfg, role, seed)
-    return RemotePolicy(actor, cfg, role)
+def _requests(cfg: CoevoConfig, ranker: Optional[PolicyConfig]) -> dict[str, dict[str, float]]:
+    """Actor name -> the Ray resources it requests, in start order."""
+    out = {r: request_of(p.num_cpus, p.num_gpus, p.resources)
+           for r, p in (("proposer", cfg.proposer), ("solver", cfg.solver), ("ranker", ranker)) if p is not None}
+    # One core each: BM25 search and spaCy are single-threaded (_limit_threads(1)).
+    out["retrieval"] = request_of(1, 0, cfg.retrieval.resources)
+    out["evidence"] = request_of(1, 0, cfg.evidence.resources)
+    return out
 
 
-def init_ray(cfg: CoevoConfig) -> None:
-    """Join `ray.address` or start a local cluster; the repo is importable in every worker.
-
-    Logging (coevo/core/console.py): each worker first runs `setup_worker_logging`, which sends
-    its output to run.log; Ray still forwards worker stderr to the driver (`log_to_driver`), which
-    then carries only build progress (everything with log.level=debug). Ray's own driver-side
-    records go to run.log, and a hub found unreachable by the preflight stays offline in workers.
-    """
-    if ray.is_initialized():
-        return
-    root = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
-    env = {"env_vars": {"PYTHONPATH": root + os.pathsep + os.environ.get("PYTHONPATH", ""),
-                        "TOKENIZERS_PARALLELISM": "false",
-                        # Ray SIGKILLs an exiting worker's children, multiprocessing's resource tracker
-                        # among them, and the engines' shared memory (~160 MB each) stays in /dev/shm;
-                        # the actors' reapers end those children instead (coevo/core/lifetime.py).
-                        "RAY_kill_child_processes_on_worker_exit": "0",
-                        **worker_env(),
-                        **{k: os.environ[k] for k in ("HF_HUB_OFFLINE",) if k in os.environ}},
-           "worker_process_setup_hook": WORKER_SETUP_HOOK}
-    kwargs: dict[str, Any] = {"runtime_env": env, "include_dashboard": False, "log_to_driver": True,
-                              "configure_logging": False}
-    if cfg.ray.address:
-        kwargs["address"] = cfg.ray.address
-    else:
-        # A new local cluster, never one already running on this machine (`ray start`, RAY_ADDRESS),
-        # which ray.init() would otherwise join, and which refuses num_cpus.
-        kwargs["address"] = "local"
-        # Policies declare their CPU share; a local cluster must admit all actors even on 2 cores.
-        need = math.ceil(sum(getattr(cfg, r).num_cpus for r in ("proposer", "solver", "ranker")) + 2)
-        if cfg.ray.num_cpus is not None and cfg.ray.num_cpus < need:
-            raise ValueError(f"config key ray.num_cpus={cfg.ray.num_cpus} is too small: the actors request {need} "
-                             "CPUs (proposer/solver/ranker num_cpus + retrieval + evidence)")
-        kwargs["num_cpus"] = cfg.ray.num_cpus or max(need, os.cpu_count() or 1)
-    ray.init(**kwargs)
-    route_library_loggers()  # ray.init's own records (cluster started, ...) to run.log, not the terminal
-    install_stop_handlers()  # ray.init replaced our SIGTERM handler with one that aborts the driver
+def _policy_actor(cfg: CoevoConfig, policy: PolicyConfig, role: str, seed: int, opts: dict) -> RemotePolicy:
+    actor = ray.remote(PolicyWorker).options(**opts).remote(policy, role, seed, tuple(needs(cfg, role, policy)))
+    return RemotePolicy(actor, policy, role)
 
 
 def create_actors(cfg: CoevoConfig) -> Actors:
-    """Start every actor the configuration needs and return the wired proxies."""
+    """Start every actor the configuration needs and return the wired proxies.
+
+    The actors get the config with the driver's absolute paths (hostpaths.py); a cluster that
+    can never hold them all fails here, before any actor starts (cluster.py).
+    """
     init_ray(cfg)
-    proposer = _policy_actor(cfg.proposer, "proposer", cfg.seed + 1)
-    solver = _policy_actor(cfg.solver, "solver", cfg.seed + 2)
+    cfg = for_workers(cfg)
+    # mode=frozen already set ranker.frozen (coevo.core.config.resolve_frozen): never trained. None:
+    # the solver's own object (shared backbone); frozen + shared: a frozen copy of the solver's start.
+    own = ranker_policy_config(cfg.ranker, cfg.solver) if cfg.ranker.mode in ("trainable", "frozen") else None
+    requests = _requests(cfg, own)
+    check_schedulable(requests)
+    pg, opts = placement_options(requests, cfg.ray.placement)
+    proposer = _policy_actor(cfg, cfg.proposer, "proposer", cfg.seed + 1, opts["proposer"])
+    solver = _policy_actor(cfg, cfg.solver, "solver", cfg.seed + 2, opts["solver"])
     ranker: Optional[RemotePolicy] = None
     if cfg.ranker.mode in ("trainable", "frozen"):
-        # mode=frozen already set ranker.frozen (coevo.core.config.resolve_frozen): never trained. None:
-        # the solver's own object (shared backbone); frozen + shared: a frozen copy of the solver's start.
-        own = ranker_policy_config(cfg.ranker, cfg.solver)
-        ranker = solver if own is None else _policy_actor(own, "ranker", cfg.seed + 3)
-    retrieval = RemoteRetriever(ray.remote(RetrievalWorker).options(num_cpus=1).remote(cfg))
-    evidence = RemoteEvidence(ray.remote(EvidenceWorker).options(num_cpus=1).remote(cfg))
+        ranker = solver if own is None else _policy_actor(cfg, own, "ranker", cfg.seed + 3, opts["ranker"])
+    retrieval = RemoteRetriever(ray.remote(RetrievalWorker).options(**opts["retrieval"]).remote(cfg))
+    evidence = RemoteEvidence(ray.remote(EvidenceWorker).options(**opts["evidence"]).remote(cfg))
     trainable = {r: p for r, p in (("proposer", proposer), ("solver", solver)) if not p.frozen}
     if ranker is not None and ranker is not solver and not ranker.frozen:
         trainable["ranker"] = ranker
     handles = {"proposer": proposer.actor, "solver": solver.actor, "retrieval": retrieval.actor,
-               "evidence": evidence.actor, **({"ranker": ranker.actor} if ranker is not None else {})}
-    wait_until_ready(handles, cfg.ray.ready_timeout_s)
-    return Actors(proposer, solver, ranker, retrieval, evidence, trainable)
-
-
-def wait_until_ready(handles: dict[str, Any], timeout_s: float) -> None:
-    """Fail clearly when an actor cannot start or cannot be scheduled (instead of hanging)."""
-    refs = {name: h.ready.remote() for name, h in handles.items()}
-    done, pending = ray.wait(list(refs.values()), num_returns=len(refs), timeout=timeout_s)
-    for name, ref in refs.items():
-        if ref in done:
-            call(ref, f"{name} start-up")
-    if pending:
-        late = [n for n, r in refs.items() if r in pending]
-        raise ActorFailure(f"actors {late} did not start within ray.ready_timeout_s={timeout_s}s; the cluster may lack "
-                           f"the CPUs/GPUs they request ({ray.available_resources()} available)")
+               "evidence": evidence.actor, **({"ranker": ranker.actor} if own is not None else {})}
+    placed = wait_until_ready(handles, requests, cfg.ray, call, pg)
+    placement = {name: {**info, "resources": requests[name]} for name, info in placed.items()}
+    return Actors(proposer, solver, ranker, retrieval, evidence, trainable, placement)
 
 
 def create_local_actors(cfg: CoevoConfig, with_proposer: bool = True) -> Actors:

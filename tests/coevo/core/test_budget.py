@@ -41,3 +41,15 @@ def test_paper_presets_budgets_are_consistent(experiment):
         assert cfg.ranker.max_prompt_tokens == 8192
     else:  # ZEST: no trained ranker, the first-stage top-3 (Search-R1's protocol)
         assert (cfg.ranker.mode, cfg.ranker.n_candidates, cfg.ranker.top_k) == ("none", 3, 3)
+
+
+def test_trainable_policy_with_bf16_weights_is_refused_at_start():
+    with pytest.raises(ValueError, match=r"config key solver.dtype=bfloat16: a trainable solver keeps fp32 master "
+                                         r"weights.*expected solver.dtype=float32"):
+        to_object(compose(["solver.dtype=bfloat16"]))
+    with pytest.raises(ValueError, match="config key proposer.dtype=float16"):
+        to_object(compose(["proposer.dtype=float16"]))
+    # Frozen roles, a ranker that is not trained and a ranker on the solver's weights may hold bf16.
+    assert to_object(compose(["solver.dtype=bfloat16", "solver.frozen=true"])).solver.dtype == "bfloat16"
+    for ranker in ("ranker.mode=frozen", "ranker.mode=none", "ranker.share_backbone=true"):
+        assert to_object(compose([ranker, "ranker.dtype=bfloat16"])).ranker.dtype == "bfloat16"

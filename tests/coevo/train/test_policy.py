@@ -324,3 +324,54 @@ def test_first_epoch_loss_is_the_token_mean_of_minus_advantage(tiny) -> None:
     assert metrics["pg_loss"] == pytest.approx(expected, abs=1e-6)
     assert metrics["kl"] == pytest.approx(0.0, abs=1e-7) and metrics["loss"] == pytest.approx(expected, abs=1e-6)
     assert metrics["n_tokens"] == sum(n) and metrics["clip_frac"] == 0.0
+
+
+# ---- precision (SPEC §5.2): fp32 master weights and optimizer state, bf16 compute on CUDA only -----------------
+
+def _changed_share(before: dict, after: dict, touched: dict) -> float:
+    """Share of the touched elements (nonzero gradient) whose value changed."""
+    n_touched = sum(int(t.sum()) for t in touched.values())
+    return sum(int(((before[k] != after[k]) & touched[k]).sum()) for k in touched) / n_touched
+
+
+def test_fp32_master_weights_move_at_paper_lr_where_bf16_would_not(tiny) -> None:
+    model, tok = tiny
+    policy = Policy(_cfg(lr=1e-6, grad_clip=0.0), model, tok)
+    before = {n: p.detach().clone() for n, p in policy.model.named_parameters()}
+    policy.update(_batch(tok))
+    params = dict(policy.model.named_parameters())
+    state = policy.optimizer.state
+    assert all(p.dtype == torch.float32 for p in params.values())
+    assert all(state[p]["exp_avg"].dtype == state[p]["exp_avg_sq"].dtype == torch.float32 for p in params.values())
+    # Adam's first step moves every element with a gradient by lr x g/(|g| + eps), about 1e-6: fp32 holds that
+    # (its step at 1.0, the norm weights, is 1.2e-7); exp_avg = (1 - beta1) g marks the touched elements.
+    touched = {n: state[p]["exp_avg"] != 0 for n, p in params.items()}
+    after = {n: p.detach() for n, p in params.items()}
+    assert _changed_share(before, after, touched) > 0.99
+    # The same first step on bf16 weights: a 1e-6 move is below half a bf16 step (2^-8 relative) for all but
+    # weights under ~2.6e-4 in size, so nearly nothing changes.
+    bf16 = {n: before[n].to(torch.bfloat16).requires_grad_(True) for n in params}
+    for n, p in bf16.items():
+        p.grad = (state[params[n]]["exp_avg"] / 0.1).to(torch.bfloat16)  # the gradient itself: exp_avg / (1 - 0.9)
+    torch.optim.AdamW(list(bf16.values()), lr=1e-6, weight_decay=0.0).step()
+    moved = _changed_share({n: before[n].to(torch.bfloat16) for n in params},
+                           {n: p.detach() for n, p in bf16.items()}, touched)
+    assert moved < 0.05  # 2.0% measured
+
+
+def test_trainable_bf16_weights_are_refused_frozen_ones_kept(tiny) -> None:
+    model, tok = tiny
+    half = copy.deepcopy(model).to(torch.bfloat16)
+    with pytest.raises(ValueError, match=r"config key solver.dtype=bfloat16: a trainable solver keeps fp32 master"):
+        Policy(_cfg(), half, tok, role="solver")
+    frozen = Policy(_cfg(frozen=True), half, tok, role="solver")
+    assert next(frozen.model.parameters()).dtype == torch.bfloat16
+
+
+def test_cpu_compute_is_plain_fp32(tiny) -> None:
+    model, tok = tiny
+    policy = Policy(_cfg(bf16_autocast=True), model, tok)
+    ids = torch.tensor([_ids(tok, "what is the answer ?")])
+    with policy.compute():
+        logits = policy.model(input_ids=ids).logits
+    assert policy.device.type == "cpu" and logits.dtype == torch.float32 and not torch.is_autocast_enabled()

@@ -35,6 +35,7 @@ from coevo.train.checkpoint import OPTIMIZER_FILE
 from coevo.train.engines import build_engine
 from coevo.train.models import load_model_and_tokenizer
 from coevo.train.precision import bf16_compute, check_trainable_dtype, compute_context
+from coevo.train.preflight import require_gpus
 
 
 class Policy:
@@ -66,11 +67,15 @@ class Policy:
 
     @classmethod
     def from_config(cls, cfg: PolicyConfig, role: str = "policy") -> "Policy":
-        """Load `cfg.model` (with `cfg.checkpoint` weights if set) on GPU when one is requested."""
+        """Load `cfg.model` (with `cfg.checkpoint` weights if set), on the GPU when `num_gpus > 0`.
 
+        Never silently on the CPU: `num_gpus > 0` without a visible CUDA device is a PreflightError
+        naming `<role>.num_gpus`, raised before the weights are read.
+        """
+        require_gpus(role, cfg.num_gpus)
         model, tokenizer = load_model_and_tokenizer(cfg.model, cfg.dtype, cfg.checkpoint)
-        if cfg.num_gpus > 0 and torch.cuda.is_available():
-            model = model.to("cuda")
+        if cfg.num_gpus > 0:
+            model = model.to("cuda")  # Ray sets CUDA_VISIBLE_DEVICES to the actor's GPU: device 0 is it
         return cls(cfg, model, tokenizer, role)
 
     @property

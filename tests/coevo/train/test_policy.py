@@ -375,3 +375,16 @@ def test_cpu_compute_is_plain_fp32(tiny) -> None:
     with policy.compute():
         logits = policy.model(input_ids=ids).logits
     assert policy.device.type == "cpu" and logits.dtype == torch.float32 and not torch.is_autocast_enabled()
+
+
+def test_proposer_prompt_over_its_budget_fails_naming_the_key(tiny) -> None:
+    """A proposer prompt is never cut either: it fits or the call fails, naming the role and the key."""
+    from coevo.core.config import ProposerConfig
+    from proposer.pipeline import propose_targets
+
+    model, tok = tiny
+    policy = Policy(_cfg(frozen=True, max_prompt_tokens=8), model, tok, role="proposer")
+    with pytest.raises(PromptBudgetError, match=r"2 proposer prompt\(s\) of up to \d+ tokens exceed config key "
+                                                r"proposer.max_prompt_tokens=8"):
+        propose_targets(policy, [(0, "who wrote hamlet ?"), (1, "what is the capital ?")],
+                        ProposerConfig(preset="t", model="t", group_size=2))

@@ -38,8 +38,9 @@ def main():
     for mode in ("tmpfs", "ipc"):
         model, tok = load_model_and_tokenizer(str(path))
         model = model.cuda()
+        # bf16_autocast=False: the engine then serves fp32, as the HF reference generates (exact parity).
         cfg = PolicyConfig(preset="t", model=str(path), engine="vllm", lr=0.3, kl_coef=0.0,
-                           gpu_memory_utilization=0.15)
+                           gpu_memory_utilization=0.15, bf16_autocast=False)
         prompts = [tok(p, add_special_tokens=False)["input_ids"] for p in
                    ("what is the answer ?", "who", "the search information", "Doc Title : 1 2 3")]
         try:

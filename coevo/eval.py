@@ -22,7 +22,7 @@ from coevo.evaluate.harness import run_eval, to_eval_object
 from coevo.evaluate.metrics import compare_files, format_table, result_title
 from coevo.orchestrate.persist import error_line
 from coevo.orchestrate.stack import format_summary, load_stack_summary, model_roles
-from coevo.train.preflight import PreflightError, check_models
+from coevo.train.preflight import PreflightError, check_devices, check_models
 
 register_schema()
 log = logging.getLogger(__name__)
@@ -51,6 +51,7 @@ def _hydra_main(dcfg: DictConfig) -> None:
         return
     try:
         check_models(cfg, with_proposer=False)  # every model located before any loads
+        check_devices(cfg, with_proposer=False)  # and every num_gpus > 0 has a visible GPU
     except PreflightError as e:
         report_error("coevo.eval", e)
         sys.exit(2)

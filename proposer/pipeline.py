@@ -23,6 +23,7 @@ TARGET_MAX_TOKENS = 48  # an entity name plus tags; longer outputs are cut and f
 QUESTION_MAX_TOKENS = 128
 TARGET_OPEN, QUESTION_OPEN = "<target>", "<question>"
 PENDING = Verdict(False, "pending")  # a stage not reached (yet)
+PROMPT_BUDGET = "prompt_budget"  # reason code: the question prompt is over proposer.max_prompt_tokens
 
 
 @dataclass
@@ -63,8 +64,10 @@ class Candidate:
         if self.accepted:
             return 5
         first = {"target": 0, "path": 2, "question": 3}.get(self.stage, 0)
-        # A parse failure stops at the stage's first check; a verdict's rejection is one check later.
-        return first if self.stage == "path" or self.reason.startswith("parse:") else first + 1
+        # A parse failure (or a prompt never generated) stops at the stage's first check; a verdict's
+        # rejection is one check later.
+        unparsed = self.reason.startswith("parse:") or self.reason == PROMPT_BUDGET
+        return first if self.stage == "path" or unparsed else first + 1
 
     def to_record(self, task_id: Optional[str], rollouts: list[dict[str, Any]],
                   timings: dict[str, float]) -> dict[str, Any]:
@@ -190,6 +193,15 @@ def propose_questions(proposer: Any, cands: list[Candidate], cfg: ProposerConfig
     if not live:
         return
     prompts = [primed_prompt(proposer, question_messages(c.target, c.path), QUESTION_OPEN) for c in live]
+    # An evidence path with very long sentences can outgrow the budget: that candidate is rejected with
+    # its own reason code (counted in the step's reasons), never cut, and never stops the run.
+    limit = cfg.max_prompt_tokens
+    for cand in [c for c, p in zip(live, prompts) if limit > 0 and len(p) > limit]:
+        cand.question_verdict = Verdict(False, PROMPT_BUDGET)
+        cand.reject("question", PROMPT_BUDGET)
+    live, prompts = [c for c in live if c.live], [p for c, p in zip(live, prompts) if c.live]
+    if not live:
+        return
     end_stop = "?" if cfg.question_stop else None
     stops = ["</question>"] + ([end_stop] if end_stop else [])
     outputs = proposer.generate(prompts, _sampling(cfg, QUESTION_MAX_TOKENS, stops, seed, 1))

@@ -12,7 +12,9 @@ the observation tokenized on its own); decoded text is parsed, never re-tokenize
 Episode ends (`Episode.end_reason`): `answer` (the only format-valid end), a parse
 failure (`parse_action` reason codes), `search_budget` (a search attempted after
 `max_searches` valid ones), `max_turns` (no answer within `max_turns` generations) or
-`token_budget` (the sequence would exceed `max_episode_tokens`). Every end but `answer`
+`token_budget` (the sequence would exceed `max_episode_tokens`, or the next turn's prompt, the
+whole episode so far, would exceed `max_prompt_tokens`: the episode ends before any prompt
+could be cut, coevo/core/budget.py). Every end but `answer`
 means no answer and f = 0; the episode stops at once, since nothing after a violation can
 change its reward.
 """
@@ -192,10 +194,16 @@ def _turn_sampling(cfg: Any, sampling: Optional[SamplingParams]) -> SamplingPara
                           stop=stop, n=1, seed=base.seed)
 
 
+def _prompt_room(cfg: Any) -> int:
+    """Longest prompt a turn may have: every turn's prompt is the whole episode so far, never cut."""
+    limit = getattr(cfg, "max_prompt_tokens", None)
+    return int(limit) if limit else cfg.max_episode_tokens
+
+
 def _new_episode(task: Task, rollout_idx: int, prompt_ids: list[int], cfg: Any) -> Episode:
     ep = Episode(task=task, rollout_idx=rollout_idx, token_ids=list(prompt_ids), loss_mask=[0] * len(prompt_ids),
                  logprobs=[0.0] * len(prompt_ids), prompt_len=len(prompt_ids))
-    if len(prompt_ids) >= cfg.max_episode_tokens:
+    if len(prompt_ids) >= cfg.max_episode_tokens or len(prompt_ids) > _prompt_room(cfg):
         ep.end_reason = "token_budget"
     return ep
 
@@ -238,8 +246,9 @@ def _observe(episodes: list[Episode], queries: list[str], search_tool: SearchToo
         ep.sub_queries.append(query)
         ep.ranker_calls.append(result.call)
         obs_ids = _encode(tokenizer, observation_text(result.passages))
-        if len(ep.token_ids) + len(obs_ids) >= cfg.max_episode_tokens:
-            # No room to read the documents and still answer: the episode is over.
+        length = len(ep.token_ids) + len(obs_ids)
+        if length >= cfg.max_episode_tokens or length > _prompt_room(cfg):
+            # No room to read the documents and still answer (or the next prompt would not fit): the episode is over.
             ep.end_reason = "token_budget"
             continue
         ep.token_ids += obs_ids

@@ -15,27 +15,12 @@ from dataclasses import dataclass, field
 from typing import Any, NamedTuple, Optional, Protocol, Sequence
 
 from coevo.core.types import SamplingParams
+from solver.ranker_prompt import fit_prompt, ranker_messages
 from solver.reward import PassageLike, answer_relevant, relevance_labels
 
 RANKER_MODES = ("trainable", "frozen", "none", "oracle")
 REASON_OPEN, RERANK_OPEN, RERANK_STOP = "<reason>", "<rerank>", "</rerank>"
 MAX_INDEX_DIGITS = 6  # longer digit runs are out of range anyway; int() of huge strings raises
-
-RANKER_SYSTEM = (
-    "You rank search results. You get a question, the search query written for it and numbered "
-    "candidate passages. Pick the {k} passages most useful for answering the question, best first. "
-    "First explain briefly inside <reason> and </reason>. Then write exactly {k} distinct candidate "
-    "numbers inside <rerank> and </rerank>, separated by >, for example: <rerank>{example}</rerank>. "
-    "Write nothing after </rerank>."
-)
-# `ranker.reasoning=false`: the same task without the <reason> block (small models).
-RANKER_SYSTEM_NO_REASON = (
-    "You rank search results. You get a question, the search query written for it and numbered "
-    "candidate passages. Pick the {k} passages most useful for answering the question, best first. "
-    "Write exactly {k} distinct candidate numbers inside <rerank> and </rerank>, separated by >, "
-    "for example: <rerank>{example}</rerank>. Write nothing else."
-)
-
 
 class SearchRequest(NamedTuple):
     """One search of one rollout; a plain 4-tuple (q0, sub_query, answers, evidence_ids) also works."""
@@ -117,46 +102,6 @@ def strip_eos(text: str, tokenizer: Any) -> str:
     if isinstance(eos, str) and eos and stripped.endswith(eos):
         return stripped[: -len(eos)]
     return text
-
-
-def _truncate(text: str, limit: int) -> str:
-    text = " ".join(text.split())
-    return text if len(text) <= limit else text[:limit].rstrip() + "…"
-
-
-# One demonstrated call (small models copy the format from it); its ranking has min(k, 6) entries.
-DEMO_CANDIDATES = (
-    ("Hamlet (film)", "Hamlet is a 1948 British film adaptation of the play, directed by Laurence Olivier."),
-    ("Hamlet", "The Tragedy of Hamlet, Prince of Denmark, is a tragedy written by William Shakespeare."),
-    ("Shakespeare's plays", "William Shakespeare wrote about 39 plays, among them Hamlet and Macbeth."),
-    ("Denmark", "Denmark is a Nordic country in Northern Europe."),
-    ("Elsinore", "Kronborg castle in Helsingor is the setting of the play Hamlet."),
-    ("Prince", "A prince is a male ruler or a member of a monarch's family."),
-)
-DEMO_ORDER = (2, 3, 5, 1, 4, 6)
-
-
-def _ranker_user(q0: str, sub_query: str, numbered: list[str], k: int) -> str:
-    return (f"Question: {q0}\nSearch query: {sub_query}\n\nCandidates:\n" + "\n".join(numbered)
-            + f"\n\nRank the {k} most useful candidates.")
-
-
-def ranker_messages(q0: str, sub_query: str, candidates: Sequence[PassageLike], k: int,
-                    passage_chars: int = 300, reasoning: bool = True) -> list[dict]:
-    """Chat messages of one ranker call: instructions, one demonstrated call, then q0, the
-    sub-query and the numbered candidates truncated to `passage_chars`. Without `reasoning`
-    the instructions and the demonstration ask for the <rerank> block alone."""
-    example = " > ".join(f"[{i}]" for i in (3, 1, 2, 5, 4)[:k])
-    demo_k = min(k, len(DEMO_ORDER))
-    demo_user = _ranker_user("Who wrote the play Hamlet?", "Hamlet play author",
-                             [f"[{i}] ({t}) {x}" for i, (t, x) in enumerate(DEMO_CANDIDATES, 1)], demo_k)
-    demo_answer = ("<reason>Candidate [2] names the author of Hamlet.</reason>\n" if reasoning else "") + (
-        "<rerank>" + " > ".join(f"[{i}]" for i in DEMO_ORDER[:demo_k]) + "</rerank>")
-    lines = [f"[{i}] ({p.title}) {_truncate(p.text, passage_chars)}" for i, p in enumerate(candidates, 1)]
-    system = RANKER_SYSTEM if reasoning else RANKER_SYSTEM_NO_REASON
-    return [{"role": "system", "content": system.format(k=k, example=example)},
-            {"role": "user", "content": demo_user}, {"role": "assistant", "content": demo_answer},
-            {"role": "user", "content": _ranker_user(q0, sub_query, lines, k)}]
 
 
 _TAG = re.compile(r"</?(reason|rerank)>")
@@ -277,8 +222,21 @@ class Ranker:
     def _primed(self) -> str:
         return self.opening_tag if self.cfg.prime_tag else ""
 
+    def _budget(self) -> tuple[int, str]:
+        """(tokens, keys) of this ranker's prompt budget: its own, or the tighter one of a shared policy."""
+        own = (int(self.cfg.max_prompt_tokens), f"ranker.max_prompt_tokens={self.cfg.max_prompt_tokens}")
+        shared = getattr(getattr(self.policy, "cfg", None), "max_prompt_tokens", None)
+        role = getattr(self.policy, "role", "solver")
+        return own if shared is None or shared >= own[0] else (int(shared), f"{role}.max_prompt_tokens={shared}")
+
     def _prompt_ids(self, req: SearchRequest, cands: Sequence[PassageLike]) -> list[int]:
-        messages = ranker_messages(req.q0, req.sub_query, cands, self._k(len(cands)), self.cfg.passage_chars,
+        """The prompt within budget: candidate texts shortened evenly when needed, never its head cut."""
+        budget, what = self._budget()
+        ids, _ = fit_prompt(lambda chars: self._render(req, cands, chars), self.cfg.passage_chars, budget, what)
+        return ids
+
+    def _render(self, req: SearchRequest, cands: Sequence[PassageLike], passage_chars: int) -> list[int]:
+        messages = ranker_messages(req.q0, req.sub_query, cands, self._k(len(cands)), passage_chars,
                                    self.cfg.reasoning)
         ids = self.policy.chat_prompt_ids(messages)
         if self.cfg.prime_tag:
@@ -305,7 +263,7 @@ class Ranker:
                                  completion.finish_reason)
         indices, reason = parse_rerank(text, len(call.candidate_ids), self._k(len(call.candidate_ids)),
                                        self.cfg.reasoning)
-        # The engine's prompt_ids are what it conditioned on (a policy may left-truncate long prompts).
+        # The engine's prompt_ids are what it conditioned on (the whole prompt: budgets never cut one).
         call.prompt_ids = list(completion.prompt_ids or prompt)
         call.completion_ids = list(completion.token_ids)
         call.logprobs = list(completion.logprobs) if completion.logprobs is not None else None

@@ -43,7 +43,8 @@ class PolicyConfig:
 
     preset: str = MISSING  # preset name this block came from (configs/model/<preset>.yaml)
     model: str = MISSING  # embedded preset (smollm2-135m, tiny-random), local HF dir or hub id
-    dtype: DType = DType.float32  # parameter dtype: float32 | bfloat16 | float16
+    dtype: DType = DType.float32  # parameter dtype: float32 | bfloat16 | float16 (bf16/fp16: frozen policies only)
+    bf16_autocast: bool = True  # on a CUDA device with bf16: forward passes in bf16 over fp32 weights (CPU: fp32)
     engine: Engine = "${rollout.engine}"  # type: ignore[assignment]  # generation engine: hf | vllm
     checkpoint: Optional[str] = None  # HF checkpoint dir that replaces the preset weights
     frozen: bool = False  # generate with the initial weights and never update
@@ -59,7 +60,7 @@ class PolicyConfig:
     temperature: float = 1.0  # sampling temperature during training rollouts
     top_p: float = 1.0  # nucleus sampling threshold
     max_new_tokens: int = 128  # generation budget per call (per turn for the solver)
-    max_prompt_tokens: int = 2048  # prompts longer than this are truncated from the left
+    max_prompt_tokens: int = 2048  # longest prompt, never cut: the solver's episode ends, the ranker shortens passages
     num_cpus: float = 1.0  # CPUs requested by this policy's Ray actor
     num_gpus: float = 0.0  # GPUs requested by this policy's Ray actor
     resources: Dict[str, float] = field(default_factory=dict)  # custom Ray resources of its actor (node labels)
@@ -110,7 +111,7 @@ class RankerConfig(PolicyConfig):
     share_backbone: bool = False  # the ranker uses the solver's weights
     n_candidates: int = 10  # N: first-stage candidates shown to the ranker (paper 50)
     top_k: int = 3  # K: documents the ranker returns to the solver (paper 5)
-    passage_chars: int = 300  # candidate passages are truncated to this many characters
+    passage_chars: int = 300  # candidate texts are cut to this many characters (all to fewer when over budget)
     grouping: Grouping = Grouping.semantic  # semantic | by_question
     group_f1: float = 0.8  # delta: sub-query token-F1 to join a group
     min_group_size: int = 3  # k_min: smaller groups are dropped
@@ -261,6 +262,8 @@ def validate_config(cfg: CoevoConfig) -> None:
     if cfg.ranker.top_k > cfg.ranker.n_candidates:
         raise ValueError(f"config key ranker.top_k={cfg.ranker.top_k} exceeds ranker.n_candidates="
                          f"{cfg.ranker.n_candidates}; expected top_k <= n_candidates")
+    check_budgets(cfg)
+    check_precision(cfg)
     solve = getattr(cfg, "solve", None)  # coevo.solve trains no proposer (solve.train=false: nothing, frozen)
     trained = {"proposer": solve is None and not cfg.proposer.frozen, "solver": not cfg.solver.frozen}
     for role in ("proposer", "solver"):
@@ -269,6 +272,33 @@ def validate_config(cfg: CoevoConfig) -> None:
             raise ValueError(f"config key {role}.group_size={size} is out of range for a trained {role}: expected "
                              f"group_size >= 2 (the GRPO advantage of a group of one is 0, nothing learns); "
                              f"or set {role}.frozen=true")
+
+
+def check_budgets(cfg: CoevoConfig) -> None:
+    """Token budgets that hold together (coevo/core/budget.py): no prompt is ever cut.
+
+    Every solver turn's prompt is the episode so far, so the solver's prompt budget must hold
+    its longest episode; the ranker and proposer prompts are checked as they are built.
+    """
+    solver = cfg.solver
+    if solver.max_prompt_tokens < solver.max_episode_tokens:
+        raise ValueError(f"config key solver.max_prompt_tokens={solver.max_prompt_tokens} is below "
+                         f"solver.max_episode_tokens={solver.max_episode_tokens}: every turn's prompt is the episode "
+                         "so far; expected solver.max_prompt_tokens >= solver.max_episode_tokens")
+
+
+def check_precision(cfg: CoevoConfig) -> None:
+    """A trainable policy holds fp32 master weights (coevo/train/precision.py says why): bf16/fp16 ones are refused."""
+    trained = {"solver": cfg.solver, "ranker": cfg.ranker} if not cfg.ranker.share_backbone else {"solver": cfg.solver}
+    if getattr(cfg, "solve", None) is None:  # coevo.solve loads no proposer
+        trained["proposer"] = cfg.proposer
+    for role, policy in trained.items():
+        if role == "ranker" and cfg.ranker.mode != RankerMode.trainable:
+            continue  # no model (none, oracle) or a frozen one
+        if not policy.frozen and policy.dtype != DType.float32:
+            raise ValueError(f"config key {role}.dtype={policy.dtype}: a trainable {role} keeps fp32 master weights "
+                             f"and optimizer state (at lr 1e-6 bf16 weights barely move); expected {role}.dtype="
+                             f"float32 (compute runs in bf16 under autocast on CUDA) or {role}.frozen=true")
 
 
 def resolve_frozen(cfg: CoevoConfig) -> None:

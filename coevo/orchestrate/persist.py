@@ -45,7 +45,7 @@ from coevo.train.checkpoint import (
     save_checkpoint,
 )
 from coevo.train.memory import MemoryBudgetError, check_run_memory
-from coevo.train.preflight import PreflightError, check_models
+from coevo.train.preflight import PreflightError, check_devices, check_models
 
 log = logging.getLogger(__name__)
 KEEP_CHECKPOINTS = 2  # the newest complete checkpoints kept; older ones are deleted after each save
@@ -99,6 +99,7 @@ def open_run(prog: str, cfg: CoevoConfig, dcfg: DictConfig, with_proposer: bool 
     with claim_run(cfg, run_dir):
         setup_logging(cfg.log.level, run_dir)
         sources = check_models(cfg, with_proposer)
+        check_devices(cfg, with_proposer)  # num_gpus > 0 without a visible GPU: refused, never run on the CPU
         say(start_line(prog, cfg, sources, check_run_memory(cfg, with_proposer=with_proposer)))
         config_yaml = OmegaConf.to_yaml(dcfg, resolve=True)
         ckpt = resume_point(cfg, run_dir, config_yaml)

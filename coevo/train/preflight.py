@@ -13,6 +13,9 @@ role, preset, model id and the override that points the role at a local copy; th
 retries, and the traceback of the failed request goes to run.log only. When the hub is
 unreachable but every model is on disk, offline mode is switched on for the rest of the run
 (and its workers), so no load waits on the hub.
+
+`check_devices` then refuses a role with `num_gpus > 0` where no CUDA device is visible
+(`Policy.from_config` refuses it too, in the actor): such a role never runs on the CPU instead.
 """
 from __future__ import annotations
 
@@ -188,3 +191,36 @@ def check_models(cfg: CoevoConfig, with_proposer: bool = True) -> list[ModelSour
         LOG.warning("%s; the models are on disk: loading them in offline mode", unreachable)
         go_offline()
     return sources
+
+
+def cuda_devices() -> int:
+    """CUDA devices this process can see (0 without torch's CUDA build, a driver or a visible device)."""
+    import torch
+
+    return torch.cuda.device_count() if torch.cuda.is_available() else 0
+
+
+def require_gpus(role: str, num_gpus: float, visible: Optional[int] = None) -> None:
+    """Refuse `<role>.num_gpus > 0` where no CUDA device is visible: the role would otherwise run on the CPU."""
+    visible = cuda_devices() if visible is None else visible
+    if num_gpus > 0 and visible == 0:
+        raise PreflightError(f"config key {role}.num_gpus={num_gpus:g} asks for a GPU but this machine shows no CUDA "
+                             f"device (torch.cuda.is_available() is false: no GPU, driver or CUDA build of torch, "
+                             f"or CUDA_VISIBLE_DEVICES hides them); expected a visible GPU or {role}.num_gpus=0")
+    if num_gpus > visible > 0:
+        raise PreflightError(f"config key {role}.num_gpus={num_gpus:g} asks for more GPUs than the {visible} visible "
+                             f"here; expected {role}.num_gpus <= {visible}")
+
+
+def check_devices(cfg: CoevoConfig, with_proposer: bool = True) -> None:
+    """Every loaded role's `num_gpus` against this machine's CUDA devices (PreflightError naming the key).
+
+    Skipped when the actors run on an external Ray cluster (`ray.address`): its GPUs are not this machine's.
+    """
+    if cfg.ray.address and not cfg.ray.local and with_proposer:
+        return
+    visible = None
+    for role, policy in loaded_policies(cfg, with_proposer).items():
+        if policy.num_gpus > 0:
+            visible = cuda_devices() if visible is None else visible
+            require_gpus(role, policy.num_gpus, visible)

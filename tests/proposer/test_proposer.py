@@ -231,3 +231,23 @@ def test_direct_generation_asks_for_the_supporting_passage_not_a_path():
     assert [c.path.target for c in cands] == ["Rome", "Oslo"] and all(c.paths_found == 1 for c in cands)
     attach_paths(Evidence(), [cand("Rome", ("p1",))], seed=0)
     assert Evidence.calls[-1] == ("paths", ["Rome"])
+
+
+def test_a_question_prompt_over_budget_is_rejected_with_its_reason_and_never_generated(scripted_policy):
+    # Two candidates: one with a short path, one whose evidence sentence is far over the budget.
+    short = Hop("Hamlet", "Denmark", "Hamlet is set in Denmark.", "p1", "Hamlet", 1.0, "relation")
+    long = Hop("Hamlet", "Denmark", "Hamlet is set in Denmark. " * 400, "p1", "Hamlet", 1.0, "relation")
+    base = to_object(compose(["experiment=smoke"])).proposer
+    cands = []
+    for i, hop in enumerate((short, long)):
+        cand = Candidate(0, "ref", i, Completion([1], [2], "Denmark</target>", [-0.1], "stop"), target="Denmark")
+        cand.path = EvidencePath("Denmark", (hop,))
+        cands.append(cand)
+    policy = scripted_policy(lambda prompt, occ: "Where is Hamlet set?</question>")
+    limit = len(policy.chat_prompt_ids(question_messages("Denmark", cands[0].path))) + 50
+    cfg = dataclasses.replace(base, max_prompt_tokens=limit, max_new_tokens=64)
+    propose_questions(policy, cands, cfg, seed=0)
+    assert cands[0].question == "Where is Hamlet set?" and cands[0].live
+    assert (cands[1].stage, cands[1].reason, cands[1].question) == ("question", "prompt_budget", None)
+    assert cands[1].question_verdict == Verdict(False, "prompt_budget")
+    assert cands[1].stages_passed == 3  # like a question that did not parse: target parse, validation, path

@@ -5,6 +5,7 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
+from coevo.core.budget import PromptBudgetError, check_prompts_fit
 from coevo.core.config import RankerConfig, SolverConfig
 from solver.agent import Action, Task, observation_text, parse_action, run_episodes
 from solver.ranker import Ranker, SearchTool, strip_eos
@@ -78,7 +79,7 @@ def test_strip_eos():
 
 def solver_cfg(**kw):
     base = dict(preset="t", model="t", group_size=1, max_searches=3, max_turns=4, max_episode_tokens=100_000,
-                max_new_tokens=200)
+                max_prompt_tokens=100_000, max_new_tokens=200)
     base.update(kw)
     return SolverConfig(**base)
 
@@ -179,6 +180,34 @@ def test_token_budget_without_room_for_the_observation(scripted_policy, make_too
     (ep,) = run_episodes(policy, [TASK], tool, solver_cfg(max_episode_tokens=probe.prompt_len + turn0 + 10))
     assert (ep.end_reason, ep.n_searches) == ("token_budget", 1)
     assert ep.token_ids == probe.token_ids[: probe.prompt_len + turn0]
+
+
+def test_episode_ends_with_token_budget_before_its_prompt_would_be_cut(scripted_policy, make_tool):
+    """solver.max_prompt_tokens below the episode: the episode stops where the next prompt would not fit."""
+    policy = scripted_policy(search_then_answer)
+    seen = []  # longest prompt of each generate call
+    generate = policy.generate
+    policy.generate = lambda prompts, sampling: seen.append(max(map(len, prompts))) or generate(prompts, sampling)
+    tool, _ = make_tool()
+    (probe,) = run_episodes(policy, [TASK], tool, solver_cfg())
+    turn0 = len(policy.tokenizer.encode("<think>find it</think><search>capital of France</search>"))
+    observed = probe.prompt_len + turn0 + len(observation_text(probe_passages(tool, probe)))
+    assert probe.end_reason == "answer" and seen == [probe.prompt_len, observed]
+    seen.clear()
+    # The observation would make the next prompt one token longer than the budget: no second turn.
+    (ep,) = run_episodes(policy, [TASK], tool, solver_cfg(max_prompt_tokens=observed - 1))
+    assert (ep.end_reason, ep.n_searches, ep.n_turns) == ("token_budget", 1, 1)
+    assert ep.token_ids == probe.token_ids[: probe.prompt_len + turn0] and seen == [probe.prompt_len]
+    with pytest.raises(PromptBudgetError, match=f"exceed config key solver.max_prompt_tokens={observed - 1}"):
+        check_prompts_fit([probe.token_ids[:observed]], observed - 1, "solver")
+    (fits,) = run_episodes(policy, [TASK], tool, solver_cfg(max_prompt_tokens=observed))
+    assert fits.end_reason == "answer" and fits.token_ids == probe.token_ids
+
+
+def probe_passages(tool, episode):
+    """The passages the episode's one search returned, in the order the solver read them."""
+    corpus = tool.retriever.corpus
+    return [corpus[pid] for pid in episode.ranker_calls[0].chosen_ids]
 
 
 def test_prompt_over_budget_generates_nothing(scripted_policy, make_tool):

@@ -5,7 +5,9 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
+from coevo.core.budget import PromptBudgetError
 from coevo.core.config import RankerConfig, SolverConfig, compose, to_object
+from evidence.corpus import Passage
 from solver.ranker import (
     Ranker,
     SearchRequest,
@@ -18,6 +20,7 @@ from solver.ranker import (
     ranker_policy_config,
     shares_solver_policy,
 )
+from solver.ranker_prompt import fit_prompt
 
 REASON = "<reason>doc 3 names the capital</reason>"
 
@@ -297,3 +300,49 @@ def test_line_stop_ends_the_ranking_at_its_line_break(make_tool, reply, ok, reas
 def test_line_stop_needs_the_no_reasoning_format():
     with pytest.raises(ValueError, match="ranker.line_stop=true needs ranker.reasoning=false"):
         to_object(compose(["experiment=smoke", "ranker.line_stop=true"]))
+
+
+# ---- prompt budget (SPEC §5.2): candidate texts shortened evenly, never the head cut ----------------
+
+Q0 = "Which city is the capital of France?"
+WIDE = [Passage(f"w{i}", f"T{i}", "x" * 700) for i in range(50)]  # N=50 candidates longer than 600 chars
+
+
+def _wide_ranker(scripted_policy, budget, reply="<reason>r</reason><rerank>[50] > [1] > [2] > [3] > [4]</rerank>"):
+    cfg = RankerConfig(preset="t", model="t", n_candidates=50, top_k=5, passage_chars=600, max_prompt_tokens=budget)
+    return Ranker(cfg, scripted_policy(lambda p, o: reply))
+
+
+def test_ranker_prompt_at_n50_keeps_instructions_and_question_and_cuts_candidates_evenly(scripted_policy):
+    req = SearchRequest(Q0, "capital of France", ["Paris"], [], "t", 0, 0)
+    probe = _wide_ranker(scripted_policy, 100_000)
+    # Char tokenizer: one token per character, so the prompt is L0 + 50 x chars (each text "x" * chars + "…").
+    base = len(probe.policy.chat_prompt_ids(ranker_messages(Q0, req.sub_query, WIDE, 5, passage_chars=0)))
+    full = len(probe.policy.chat_prompt_ids(ranker_messages(Q0, req.sub_query, WIDE, 5, passage_chars=600)))
+    assert full == base + 50 * 600
+    budget = base + 50 * 123 + 17  # room for 123 characters per candidate, and 17 tokens to spare
+    ranker = _wide_ranker(scripted_policy, budget)
+    (call,) = ranker.rank([req], [WIDE])
+    prompt = ranker.policy.tokenizer.decode(call.prompt_ids)
+    assert len(call.prompt_ids) == base + 50 * 123 <= budget
+    system = ranker_messages(Q0, req.sub_query, WIDE, 5)[0]["content"]
+    assert prompt.startswith("<|system|>" + system) and f"Question: {Q0}\nSearch query: capital of France" in prompt
+    for i in range(1, 51):  # every candidate is still there, each cut to the same length
+        assert f"\n[{i}] (T{i - 1}) {'x' * 123}…\n" in prompt
+    assert call.format_ok and call.chosen_ids == ["w49", "w0", "w1", "w2", "w3"]  # index 50 is the 50th passage
+
+
+def test_ranker_prompt_that_cannot_fit_is_an_error_naming_the_keys(scripted_policy):
+    req = SearchRequest(Q0, "capital of France", ["Paris"], [], "t", 0, 0)
+    ranker = _wide_ranker(scripted_policy, 500)
+    with pytest.raises(PromptBudgetError, match=r"over ranker.max_prompt_tokens=500.*ranker.n_candidates"):
+        ranker.rank([req], [WIDE])
+
+
+def test_fit_prompt_finds_the_longest_common_cut():
+    def render(chars):  # a prompt of 100 fixed tokens plus 7 candidates of min(chars, 40) tokens
+        return [0] * (100 + 7 * min(chars, 40))
+    assert fit_prompt(render, 300, 10_000, "b") == (render(300), 300)  # fits: untouched
+    assert fit_prompt(render, 300, 100 + 7 * 25 + 6, "b") == (render(25), 25)
+    with pytest.raises(PromptBudgetError, match="over b;"):
+        fit_prompt(render, 300, 99, "b")

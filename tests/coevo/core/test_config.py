@@ -28,7 +28,7 @@ def test_default_and_presets():
     assert cfg.retrieval.backend == "bm25s" and cfg.solver.engine == "hf"
     big = to_object(compose(["proposer=qwen3-4b", "solver=qwen2.5-7b"]))
     assert big.proposer.model == "Qwen/Qwen3-4B" and big.solver.model == "Qwen/Qwen2.5-7B-Instruct"
-    assert big.solver.dtype == "bfloat16"
+    assert big.solver.dtype == "float32"  # trainable: fp32 master weights (bf16 compute on CUDA)
 
 
 def test_smoke_experiment():

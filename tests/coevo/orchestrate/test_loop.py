@@ -66,7 +66,7 @@ def run_step(scripted_policy, overlap_retriever, references=((0, "who wrote haml
     cfg = to_object(compose(["experiment=smoke", "proposer.group_size=2", "solver.group_size=2",
                              "ranker.top_k=3", "ranker.n_candidates=4", "ranker.min_group_size=1",
                              "proposer.max_new_tokens=200", "solver.max_new_tokens=200", "ranker.max_new_tokens=200",
-                             "solver.max_episode_tokens=4000", *overrides]))
+                             "solver.max_episode_tokens=4000", "solver.max_prompt_tokens=4000", *overrides]))
     proposer = Recorder(scripted_policy(_proposer_reply))
     solver = Recorder(scripted_policy(_solver_reply))
     ranker = Recorder(scripted_policy(_ranker_reply))

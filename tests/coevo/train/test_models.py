@@ -10,10 +10,10 @@ from coevo.train import models
 def test_tiny_random_resolves_once(tmp_path, monkeypatch):
     monkeypatch.setenv("COEVO_CACHE", str(tmp_path))
     path = models.resolve_model_path("tiny-random")
-    assert (tmp_path / "models" / "tiny-random-v2" / "config.json").exists()
-    mtime = (tmp_path / "models" / "tiny-random-v2" / "config.json").stat().st_mtime
+    assert (tmp_path / "models" / "tiny-random-v3" / "config.json").exists()
+    mtime = (tmp_path / "models" / "tiny-random-v3" / "config.json").stat().st_mtime
     assert models.resolve_model_path("tiny-random") == path
-    assert (tmp_path / "models" / "tiny-random-v2" / "config.json").stat().st_mtime == mtime
+    assert (tmp_path / "models" / "tiny-random-v3" / "config.json").stat().st_mtime == mtime
     model, tok = models.load_model_and_tokenizer("tiny-random")
     ids = tok.apply_chat_template([{"role": "user", "content": "who is the answer ?"}], add_generation_prompt=True,
                                   return_dict=False)

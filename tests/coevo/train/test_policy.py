@@ -9,6 +9,7 @@ import sys
 import pytest
 import torch
 
+from coevo.core.budget import PromptBudgetError
 from coevo.core.config import PolicyConfig
 from coevo.core.grpo import k3_kl, sequence_token_logprobs
 from coevo.core.stages import STAGE_FILE_ENV
@@ -122,13 +123,16 @@ def test_eos_ends_completion_without_padding(tiny) -> None:
 
 # ---- Policy: construction, prompts, engines -----------------------------------------------------
 
-def test_from_config_chat_prompt_and_truncation(tiny_dir) -> None:
+def test_from_config_chat_prompt_and_prompt_budget(tiny_dir) -> None:
     policy = Policy.from_config(_cfg(model=str(tiny_dir), max_prompt_tokens=4), role="solver")
     assert policy.role == "solver" and policy.num_parameters() > 0 and policy.ref_model is None
     ids = policy.chat_prompt_ids([{"role": "user", "content": "what is the answer ?"}])
     rendered = policy.tokenizer.decode(ids)
     assert rendered.startswith("<|im_start|> user") and rendered.endswith("<|im_start|> assistant")
-    comps = policy.generate([ids], policy.sampling_from_config(greedy=True, max_new_tokens=3))
+    # A prompt over max_prompt_tokens is never cut (it used to lose its head): an error naming the key.
+    with pytest.raises(PromptBudgetError, match=rf"{len(ids)} tokens exceed config key solver.max_prompt_tokens=4"):
+        policy.generate([ids], policy.sampling_from_config(greedy=True, max_new_tokens=3))
+    comps = policy.generate([ids[-4:]], policy.sampling_from_config(greedy=True, max_new_tokens=3))
     assert comps[0][0].prompt_ids == ids[-4:] and len(comps[0][0].token_ids) == 3
     policy.tokenizer.chat_template = None
     plain = policy.chat_prompt_ids([{"role": "user", "content": "who"}])
@@ -320,3 +324,67 @@ def test_first_epoch_loss_is_the_token_mean_of_minus_advantage(tiny) -> None:
     assert metrics["pg_loss"] == pytest.approx(expected, abs=1e-6)
     assert metrics["kl"] == pytest.approx(0.0, abs=1e-7) and metrics["loss"] == pytest.approx(expected, abs=1e-6)
     assert metrics["n_tokens"] == sum(n) and metrics["clip_frac"] == 0.0
+
+
+# ---- precision (SPEC §5.2): fp32 master weights and optimizer state, bf16 compute on CUDA only -----------------
+
+def _changed_share(before: dict, after: dict, touched: dict) -> float:
+    """Share of the touched elements (nonzero gradient) whose value changed."""
+    n_touched = sum(int(t.sum()) for t in touched.values())
+    return sum(int(((before[k] != after[k]) & touched[k]).sum()) for k in touched) / n_touched
+
+
+def test_fp32_master_weights_move_at_paper_lr_where_bf16_would_not(tiny) -> None:
+    model, tok = tiny
+    policy = Policy(_cfg(lr=1e-6, grad_clip=0.0), model, tok)
+    before = {n: p.detach().clone() for n, p in policy.model.named_parameters()}
+    policy.update(_batch(tok))
+    params = dict(policy.model.named_parameters())
+    state = policy.optimizer.state
+    assert all(p.dtype == torch.float32 for p in params.values())
+    assert all(state[p]["exp_avg"].dtype == state[p]["exp_avg_sq"].dtype == torch.float32 for p in params.values())
+    # Adam's first step moves every element with a gradient by lr x g/(|g| + eps), about 1e-6: fp32 holds that
+    # (its step at 1.0, the norm weights, is 1.2e-7); exp_avg = (1 - beta1) g marks the touched elements.
+    touched = {n: state[p]["exp_avg"] != 0 for n, p in params.items()}
+    after = {n: p.detach() for n, p in params.items()}
+    assert _changed_share(before, after, touched) > 0.99
+    # The same first step on bf16 weights: a 1e-6 move is below half a bf16 step (2^-8 relative) for all but
+    # weights under ~2.6e-4 in size, so nearly nothing changes.
+    bf16 = {n: before[n].to(torch.bfloat16).requires_grad_(True) for n in params}
+    for n, p in bf16.items():
+        p.grad = (state[params[n]]["exp_avg"] / 0.1).to(torch.bfloat16)  # the gradient itself: exp_avg / (1 - 0.9)
+    torch.optim.AdamW(list(bf16.values()), lr=1e-6, weight_decay=0.0).step()
+    moved = _changed_share({n: before[n].to(torch.bfloat16) for n in params},
+                           {n: p.detach() for n, p in bf16.items()}, touched)
+    assert moved < 0.05  # 2.0% measured
+
+
+def test_trainable_bf16_weights_are_refused_frozen_ones_kept(tiny) -> None:
+    model, tok = tiny
+    half = copy.deepcopy(model).to(torch.bfloat16)
+    with pytest.raises(ValueError, match=r"config key solver.dtype=bfloat16: a trainable solver keeps fp32 master"):
+        Policy(_cfg(), half, tok, role="solver")
+    frozen = Policy(_cfg(frozen=True), half, tok, role="solver")
+    assert next(frozen.model.parameters()).dtype == torch.bfloat16
+
+
+def test_cpu_compute_is_plain_fp32(tiny) -> None:
+    model, tok = tiny
+    policy = Policy(_cfg(bf16_autocast=True), model, tok)
+    ids = torch.tensor([_ids(tok, "what is the answer ?")])
+    with policy.compute():
+        logits = policy.model(input_ids=ids).logits
+    assert policy.device.type == "cpu" and logits.dtype == torch.float32 and not torch.is_autocast_enabled()
+
+
+def test_proposer_prompt_over_its_budget_fails_naming_the_key(tiny) -> None:
+    """A proposer prompt is never cut either: it fits or the call fails, naming the role and the key."""
+    from coevo.core.config import ProposerConfig
+    from proposer.pipeline import propose_targets
+
+    model, tok = tiny
+    policy = Policy(_cfg(frozen=True, max_prompt_tokens=8), model, tok, role="proposer")
+    with pytest.raises(PromptBudgetError, match=r"2 proposer prompt\(s\) of up to \d+ tokens exceed config key "
+                                                r"proposer.max_prompt_tokens=8"):
+        propose_targets(policy, [(0, "who wrote hamlet ?"), (1, "what is the capital ?")],
+                        ProposerConfig(preset="t", model="t", group_size=2))

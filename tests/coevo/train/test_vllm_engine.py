@@ -67,8 +67,9 @@ def _build_model(out_dir: Path) -> Path:
 
 
 def _cfg(**kw) -> PolicyConfig:  # noqa: ANN003
+    # max_model_len = max_prompt_tokens + max_new_tokens: the 512 positions of the test model.
     base = dict(preset="test", model="unused", engine="vllm", dtype="float32", lr=0.3, kl_coef=0.0,
-                micro_batch_size=8, gpu_memory_utilization=0.1)
+                micro_batch_size=8, gpu_memory_utilization=0.1, max_prompt_tokens=384, max_new_tokens=128)
     base.update(kw)
     return PolicyConfig(**base)
 

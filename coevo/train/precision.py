@@ -1,0 +1,49 @@
+"""Precision of a policy (SPEC §5.2): fp32 master weights and optimizer state, bf16 compute where the hardware has it.
+
+A trainable policy must hold fp32 weights: at the paper's lr 1e-6 an AdamW step moves each
+weight by about 1e-6, below half a bf16 step for all but the smallest weights (bf16 keeps 8
+significant bits: a weight of 0.02 moves only by 1.2e-4 or more), so bf16 weights keep about
+98% of their values unchanged per step and the run learns almost nothing
+(tests/coevo/train/test_policy.py measures both). Compute runs in bf16 under autocast on a
+single CUDA device that supports it (`<role>.bf16_autocast`); on the CPU it stays plain fp32.
+Frozen policies and the KL reference are never stepped, so they may hold bf16 weights.
+"""
+from __future__ import annotations
+
+import contextlib
+from typing import Any, ContextManager
+
+import torch
+
+
+def check_trainable_dtype(model: torch.nn.Module, role: str, frozen: bool) -> None:
+    """Refuse a trainable model whose parameters are not fp32, naming `<role>.dtype`."""
+    if frozen:
+        return
+    dtypes = sorted({str(p.dtype).replace("torch.", "") for p in model.parameters() if p.requires_grad})
+    if dtypes and dtypes != ["float32"]:
+        raise ValueError(f"config key {role}.dtype={'/'.join(dtypes)}: a trainable {role} keeps fp32 master weights "
+                         f"and optimizer state; expected {role}.dtype=float32 (compute runs in bf16 under autocast "
+                         f"on CUDA, {role}.bf16_autocast) or {role}.frozen=true")
+
+
+def bf16_compute(cfg: Any, device: torch.device) -> bool:
+    """Whether this policy's forward passes run in bf16: `bf16_autocast` on a CUDA device with bf16 support."""
+    return (bool(getattr(cfg, "bf16_autocast", False)) and device.type == "cuda"
+            and torch.cuda.is_available() and torch.cuda.is_bf16_supported())
+
+
+def compute_context(cfg: Any, device: torch.device) -> ContextManager:
+    """bf16 autocast for forward passes (`bf16_compute`), else nothing: the weights' own dtype (fp32 on CPU)."""
+    if bf16_compute(cfg, device):
+        return torch.autocast("cuda", dtype=torch.bfloat16)
+    return contextlib.nullcontext()
+
+
+def serving_dtype(cfg: Any, on_cpu: bool) -> str:
+    """dtype of a vLLM engine's weight copy: bf16 on a GPU when the trainer computes in bf16, else `cfg.dtype`.
+
+    On the CPU the engine keeps the policy's dtype: fp32 gives exact greedy parity with HF.
+    """
+    bf16 = not on_cpu and torch.cuda.is_available() and torch.cuda.is_bf16_supported()
+    return "bfloat16" if bf16 and getattr(cfg, "bf16_autocast", False) else str(cfg.dtype)

@@ -13,7 +13,10 @@ Config keys (block `retrieval`, coevo/core/config.py):
   normalized; approximate for ivf_pq).
 - `index_path`: a prebuilt FAISS file (faiss.write_index; Search-R1's `e5_Flat.index`) over
   the configured JSONL corpus unchanged: row i is the corpus's i-th passage. Used as is, never
-  copied or cached.
+  copied or cached; the file says what index it is (`index_type` and the build parameters are
+  ignored, the search parameters apply). Every process that builds this retriever loads the
+  file (a Ray run: the retrieval and evidence actors); at wiki-18 size (e5 Flat: ≈ 65 GB)
+  serve it once (`python -m evidence.serve`) and give the run `retrieval=http`.
 
 A built index is a cache entry (coevo/core/cache.py) keyed by the corpus hash, the encoder,
 the passage prefix, normalization and the index's build parameters; search parameters
@@ -219,7 +222,8 @@ class DenseFaissRetriever:
         k = min(k, self.index.ntotal)
         if not live or k <= 0:
             return out
-        q = encode(self.encoder, [self.cfg.query_prefix + queries[i] for i in live], 64, self.cfg.normalize)
+        q = encode(self.encoder, [self.cfg.query_prefix + queries[i] for i in live], self.cfg.encode_batch_size,
+                   self.cfg.normalize)
         scores, rows = self.index.search(q, k)
         for r, i in enumerate(live):
             # -1 marks "fewer than k found" (hnsw, ivf_pq); ties go to corpus order, as in the other backends.

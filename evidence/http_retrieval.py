@@ -7,7 +7,8 @@ one list per query, best first (without scores: the documents themselves).
 
 The server must serve the configured corpus: every returned id is looked up in it (the
 solver, ranker and evidence stage read passages from the local corpus), and an id it does
-not hold is an error naming the URL. A failed request (no connection, timeout, HTTP 5xx)
+not hold is an error naming the URL. Building the client sends one query, so a server that
+is down or serves another corpus fails the start. A failed request (no connection, timeout, HTTP 5xx)
 is retried `retrieval.retries` times, waiting `backoff_s * 2**i` before retry i; then the
 error names the URL, the attempts and the last failure. HTTP 4xx is not retried (the same
 request would fail again).
@@ -26,6 +27,9 @@ from evidence.corpus import Corpus
 from evidence.hits import Hit, live_queries
 
 log = logging.getLogger(__name__)
+
+
+PROBE_QUERY = "Wikipedia"  # the start-up check's query: any word that retrieves something
 
 
 class RetrievalServerError(RuntimeError):
@@ -107,6 +111,9 @@ class HttpRetriever:
         self.corpus = corpus
         self.url = cfg.url
         self.timeout_s, self.retries, self.backoff_s = cfg.timeout_s, cfg.retries, cfg.backoff_s
+        # One query now, so that a server that is down, or serves another corpus, fails the
+        # start (naming the URL) instead of the first search, after the models have loaded.
+        self.search([PROBE_QUERY], 1)
 
     def search(self, queries: list[str], k: int) -> list[list[Hit]]:
         live = live_queries(queries)

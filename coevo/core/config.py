@@ -22,6 +22,7 @@ from coevo.core.choices import (
     DType,
     Engine,
     EvalMode,
+    FaissIndex,
     Grouping,
     Logger,
     LogLevel,
@@ -135,9 +136,30 @@ class CorpusConfig:
 class RetrievalConfig:
     """First-stage retriever."""
 
-    backend: RetrievalBackend = RetrievalBackend.bm25s  # bm25s | rank_bm25 | dense_minilm
+    backend: RetrievalBackend = RetrievalBackend.bm25s  # bm25s | rank_bm25 | dense_minilm | dense_faiss | http
     cache_dir: Optional[str] = None  # index cache (default $COEVO_CACHE/indexes)
     resources: Dict[str, float] = field(default_factory=dict)  # custom Ray resources of the retrieval actor (labels)
+    # dense_faiss (evidence/dense_faiss.py): a sentence-transformers encoder over a FAISS index.
+    encoder: Optional[str] = None  # dense_faiss: sentence-transformers dir or hub id (None: bundled all-MiniLM-L6-v2)
+    query_prefix: str = ""  # dense_faiss: put before every query when encoding (e5: "query: ")
+    passage_prefix: str = ""  # dense_faiss: put before every passage when encoding (e5: "passage: ")
+    normalize: bool = True  # dense_faiss: unit-length vectors, so inner product is cosine (e5, MiniLM)
+    device: Optional[str] = None  # dense_faiss encoder device: cpu | cuda | cuda:1 (None: cuda when present)
+    encode_batch_size: int = 64  # dense_faiss: texts per encoder batch
+    index_type: FaissIndex = FaissIndex.flat  # dense_faiss: flat (exact) | hnsw (graph) | ivf_pq (compressed)
+    index_path: Optional[str] = None  # prebuilt FAISS file (Search-R1 e5_Flat.index); row i = corpus line i
+    hnsw_m: int = 32  # hnsw: links per node (more: better recall, more memory)
+    hnsw_ef_construction: int = 200  # hnsw: candidate list size while building
+    hnsw_ef_search: int = 128  # hnsw: candidate list size per query (raise for recall; at least k)
+    ivf_nlist: int = 4096  # ivf_pq: clusters (capped at passages/39 on small corpora)
+    ivf_nprobe: int = 32  # ivf_pq: clusters visited per query (raise for recall)
+    pq_m: int = 16  # ivf_pq: codes per vector; must divide the embedding dimension
+    pq_bits: int = 8  # ivf_pq: bits per code (the corpus needs at least 2**pq_bits passages)
+    # http (evidence/http_retrieval.py): a running Search-R1-style server, e.g. `python -m evidence.serve`.
+    url: str = "http://127.0.0.1:8000/retrieve"  # http: the server's POST /retrieve endpoint
+    timeout_s: float = 30.0  # http: seconds one request may take before it counts as failed
+    retries: int = 3  # http: further attempts after a failed request (0: none)
+    backoff_s: float = 0.5  # http: wait before retry i is backoff_s * 2**i seconds
 
 
 @dataclass

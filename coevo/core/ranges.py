@@ -79,6 +79,12 @@ RANGES: dict[str, dict[str, Range]] = {
     },
     "EvidenceConfig": {"max_hops": AT_LEAST_1, "branching": AT_LEAST_1, "retrieve_k": AT_LEAST_1,
                        "max_question_chars": AT_LEAST_1},
+    "RetrievalConfig": {
+        "encode_batch_size": AT_LEAST_1, "hnsw_m": Range(2), "hnsw_ef_construction": AT_LEAST_1,
+        "hnsw_ef_search": AT_LEAST_1, "ivf_nlist": AT_LEAST_1, "ivf_nprobe": AT_LEAST_1, "pq_m": AT_LEAST_1,
+        "pq_bits": Range(1, 16),  # FAISS's PQ codes hold at most 16 bits
+        "timeout_s": POSITIVE, "retries": NON_NEGATIVE, "backoff_s": NON_NEGATIVE,
+    },
     "RunConfig": {"steps": AT_LEAST_1, "save_every": AT_LEAST_1},
     "RayConfig": {"num_cpus": AT_LEAST_1, "ready_timeout_s": POSITIVE, "report_pending_s": POSITIVE},
     "CoevoConfig": {"seed": NON_NEGATIVE},

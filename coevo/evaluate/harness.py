@@ -137,7 +137,7 @@ def build_eval_stack(cfg: EvalRootConfig) -> EvalStack:
     if cfg.mode == "direct":
         return EvalStack(solver)
     corpus = load_corpus(corpus_source(cfg.corpus))
-    retriever = build_retriever(corpus, cfg.retrieval.backend, cfg.retrieval.cache_dir)
+    retriever = build_retriever(corpus, cfg.retrieval)
     ranker_cfg = ranker_eval_config(cfg)
     ranker = build_ranker(ranker_cfg, solver, lambda: Policy.from_config(ranker_cfg, "ranker"))
     return EvalStack(solver, SearchTool(retriever, ranker, ranker_cfg), corpus)

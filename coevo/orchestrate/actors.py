@@ -105,7 +105,7 @@ class RetrievalWorker:
         check_host_paths("retrieval", needs(cfg, "retrieval"))  # it only runs as an actor
         _limit_threads(1)
         self.corpus = load_corpus(corpus_source(cfg.corpus))
-        self.retriever = build_retriever(self.corpus, cfg.retrieval.backend, cfg.retrieval.cache_dir)
+        self.retriever = build_retriever(self.corpus, cfg.retrieval)
 
     def ready(self) -> dict:
         return where()
@@ -130,7 +130,7 @@ class EvidenceWorker:
             check_host_paths("evidence", needs(cfg, "evidence"))
             _limit_threads(1)
         corpus = load_corpus(corpus_source(cfg.corpus))
-        retriever = build_retriever(corpus, cfg.retrieval.backend, cfg.retrieval.cache_dir)
+        retriever = build_retriever(corpus, cfg.retrieval)
         self.pipeline = EvidencePipeline.from_config(corpus, retriever, cfg.evidence,
                                                      max_target_chars=cfg.proposer.max_target_chars)
 
@@ -299,7 +299,7 @@ def create_local_actors(cfg: CoevoConfig, with_proposer: bool = True) -> Actors:
     if cfg.ranker.mode in ("trainable", "frozen"):
         own = ranker_policy_config(cfg.ranker, cfg.solver)  # None: shares the solver's object
         ranker = solver if own is None else Policy.from_config(own, "ranker")
-    retriever = build_retriever(load_corpus(corpus_source(cfg.corpus)), cfg.retrieval.backend, cfg.retrieval.cache_dir)
+    retriever = build_retriever(load_corpus(corpus_source(cfg.corpus)), cfg.retrieval)
     trainable = {r: p for r, p in (("proposer", proposer), ("solver", solver)) if p is not None and not p.frozen}
     if ranker is not None and ranker is not solver and not ranker.frozen:
         trainable["ranker"] = ranker

@@ -35,7 +35,7 @@ def load_stack_summary(cfg: CoevoConfig, roles: Sequence[str] = ("proposer", "so
     corpus = load_corpus(corpus_source(cfg.corpus))
     summary["corpus"] = {"name": corpus.name, "passages": len(corpus), "hash": corpus.content_hash[:12],
                          "load_s": round(time.perf_counter() - t0, 2)}
-    retriever = build_retriever(corpus, cfg.retrieval.backend, cfg.retrieval.cache_dir)
+    retriever = build_retriever(corpus, cfg.retrieval)
     summary["retrieval"] = {"backend": retriever.backend, "from_cache": retriever.from_cache,
                             "build_s": round(retriever.build_s, 2),
                             "N": cfg.ranker.n_candidates, "K": cfg.ranker.top_k, "ranker_mode": cfg.ranker.mode}

@@ -169,7 +169,7 @@ def scripted_run(tmp_path: Path, monkeypatch: pytest.MonkeyPatch, prompt_bpe_dir
     corpus = tmp_path / "corpus.jsonl"
     corpus.write_text("".join(json.dumps({"id": p.id, "title": p.title, "text": p.text}) + "\n" for p in passages))
     monkeypatch.setattr(actors_mod, "EvidenceWorker", lambda cfg, **kwargs: FakeEvidence())
-    monkeypatch.setattr(actors_mod, "build_retriever", lambda corpus, backend, cache_dir: overlap_retriever())
+    monkeypatch.setattr(actors_mod, "build_retriever", lambda corpus, retrieval: overlap_retriever())
 
     def build(experiments: tuple[str, ...] = (), overrides: tuple[str, ...] = (), proposer: Reply = proposer_reply,
               solver: Reply = solver_reply, ranker: Optional[Reply] = ranker_reply) -> ScriptedRun:

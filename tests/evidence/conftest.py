@@ -59,3 +59,20 @@ def toy_retriever(toy_corpus, tmp_path_factory):
     from evidence.retrieval import build_retriever
 
     return build_retriever(toy_corpus, "bm25s", cache_dir=str(tmp_path_factory.mktemp("bm25")))
+
+
+# Six short passages whose words separate cleanly (ids d0..d5): the retrieval backends' shared toy corpus.
+RETRIEVAL_TEXTS = [
+    ("Paris", "Paris is the capital and largest city of France."),
+    ("Lyon", "Lyon is a city in France on the Rhone river."),
+    ("Berlin", "Berlin is the capital of Germany."),
+    ("Rhone", "The Rhone is a river that flows through Switzerland and France."),
+    ("Danube", "The Danube river flows through Germany, Austria and Hungary."),
+    ("Kubrick", "Stanley Kubrick directed the film 2001: A Space Odyssey in 1968."),
+]
+
+
+@pytest.fixture()
+def retrieval_corpus() -> Corpus:
+    """RETRIEVAL_TEXTS as a corpus named "toy" (ids d0..d5)."""
+    return Corpus([Passage(f"d{i}", t, x) for i, (t, x) in enumerate(RETRIEVAL_TEXTS)], name="toy")

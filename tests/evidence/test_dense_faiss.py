@@ -15,25 +15,17 @@ import pytest
 
 from coevo.core.config import RetrievalConfig
 from coevo.core.inputs import load_labelled_questions
-from evidence.corpus import Corpus, Passage, load_corpus, shared_data_dir
+from evidence.corpus import Corpus, load_corpus, shared_data_dir
 from evidence.dense_faiss import build_index, encode, factory_string
 from evidence.retrieval import build_retriever
 
-TEXTS = [
-    ("Paris", "Paris is the capital and largest city of France."),
-    ("Lyon", "Lyon is a city in France on the Rhone river."),
-    ("Berlin", "Berlin is the capital of Germany."),
-    ("Rhone", "The Rhone is a river that flows through Switzerland and France."),
-    ("Danube", "The Danube river flows through Germany, Austria and Hungary."),
-    ("Kubrick", "Stanley Kubrick directed the film 2001: A Space Odyssey in 1968."),
-]
 QUERIES = ["movie by Stanley Kubrick", "capital of Germany", "river in Hungary", "French city"]
 WIKI_MINI = shared_data_dir() / "wiki_mini" / "corpus.jsonl.gz"
 
 
 @pytest.fixture()
-def toy():
-    return Corpus([Passage(f"d{i}", t, x) for i, (t, x) in enumerate(TEXTS)], name="toy")
+def toy(retrieval_corpus):
+    return retrieval_corpus
 
 
 def ids(rows):

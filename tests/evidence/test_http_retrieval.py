@@ -18,21 +18,13 @@ from evidence.http_retrieval import RetrievalServerError, parse_result
 from evidence.retrieval import build_retriever
 from evidence.serve import main, make_server
 
-TEXTS = [
-    ("Paris", "Paris is the capital and largest city of France."),
-    ("Lyon", "Lyon is a city in France on the Rhone river."),
-    ("Berlin", "Berlin is the capital of Germany."),
-    ("Rhone", "The Rhone is a river that flows through Switzerland and France."),
-    ("Danube", "The Danube river flows through Germany, Austria and Hungary."),
-    ("Kubrick", "Stanley Kubrick directed the film 2001: A Space Odyssey in 1968."),
-]
 ROOT = Path(__file__).resolve().parents[2]
 QUERIES = ["capital of France", "river Germany", "", "Kubrick film 1968", "the of a", "France"]
 
 
 @pytest.fixture()
-def corpus():
-    return Corpus([Passage(f"d{i}", t, x) for i, (t, x) in enumerate(TEXTS)], name="toy")
+def corpus(retrieval_corpus):
+    return retrieval_corpus
 
 
 @pytest.fixture()
@@ -77,10 +69,10 @@ def test_server_speaks_search_r1s_api(corpus, served):
     _, url = served
     body = post(url, {"queries": ["Kubrick film", "Danube"], "topk": 2, "return_scores": True})
     first = body["result"][0][0]
-    assert first["document"] == {"id": "d5", "contents": '"Kubrick"\n' + TEXTS[5][1]}
+    assert first["document"] == {"id": "d5", "contents": '"Kubrick"\n' + corpus.passages[5].text}
     assert isinstance(first["score"], float) and len(body["result"]) == 2
     plain = post(url, {"queries": ["Danube"], "topk": 1})  # Search-R1's default: no scores, documents only
-    assert plain["result"] == [[{"id": "d4", "contents": '"Danube"\n' + TEXTS[4][1]}]]
+    assert plain["result"] == [[{"id": "d4", "contents": '"Danube"\n' + corpus.passages[4].text}]]
     assert len(post(url, {"queries": ["river"], "topk": None})["result"][0]) == 3  # the server's default topk
     assert parse_result(plain, 1, url) == [[("d4", -0.0)]]  # a scoreless answer keeps its order
 

@@ -9,19 +9,10 @@ from coevo.core.cache import is_complete
 from evidence.corpus import Corpus, Passage
 from evidence.retrieval import build_retriever, tokenize
 
-TEXTS = [
-    ("Paris", "Paris is the capital and largest city of France."),
-    ("Lyon", "Lyon is a city in France on the Rhone river."),
-    ("Berlin", "Berlin is the capital of Germany."),
-    ("Rhone", "The Rhone is a river that flows through Switzerland and France."),
-    ("Danube", "The Danube river flows through Germany, Austria and Hungary."),
-    ("Kubrick", "Stanley Kubrick directed the film 2001: A Space Odyssey in 1968."),
-]
-
 
 @pytest.fixture()
-def corpus():
-    return Corpus([Passage(f"d{i}", t, x) for i, (t, x) in enumerate(TEXTS)], name="toy")
+def corpus(retrieval_corpus):
+    return retrieval_corpus
 
 
 def test_tokenize_drops_stopwords():

@@ -10,8 +10,10 @@ from __future__ import annotations
 
 import os
 import time
+from contextlib import contextmanager
+from functools import partial
 from pathlib import Path
-from typing import Any, Optional
+from typing import Any, Iterator, Optional
 
 from coevo.core.cache import cache_entry
 from coevo.core.io import cache_root, package_path
@@ -55,13 +57,35 @@ def quiet_transformers_bars() -> None:
     enable_progress_bars()
 
 
+@contextmanager
+def gguf_bar_off() -> Iterator[None]:
+    """Silence the bar transformers' GGUF dequantizer draws ("Converting and de-quantizing GGUF tensors").
+
+    It calls its module's own `tqdm` with default arguments (no switch reaches it, and tqdm reads
+    its environment only at import), while our conversion bar already counts that stage; the name
+    is swapped for a disabled bar for the conversion only. A transformers without that name draws
+    no such bar, and nothing is swapped.
+    """
+    import transformers.modeling_gguf_pytorch_utils as gguf_utils
+
+    original = getattr(gguf_utils, "tqdm", None)
+    if original is None:
+        yield
+        return
+    gguf_utils.tqdm = partial(original, disable=True)
+    try:
+        yield
+    finally:
+        gguf_utils.tqdm = original
+
+
 def _convert_smollm2(out_dir: Path) -> None:
     """Dequantize the GGUF into a plain fp32 LlamaForCausalLM checkpoint."""
     from transformers import AutoModelForCausalLM, AutoTokenizer, LlamaConfig, LlamaForCausalLM
 
     quiet_transformers_bars()
     gguf = _smollm2_gguf()
-    with Progress("conversion of model preset smollm2-135m", 100, "%") as progress:
+    with Progress("conversion of model preset smollm2-135m", 100, "%") as progress, gguf_bar_off():
         tok = AutoTokenizer.from_pretrained(str(gguf.parent), gguf_file=gguf.name)
         progress.update(CONVERSION_STAGES["tokenizer"])
         quant = AutoModelForCausalLM.from_pretrained(str(gguf.parent), gguf_file=gguf.name, dtype="float32")

@@ -86,3 +86,17 @@ def test_transformers_bars_are_off_and_the_hubs_download_bars_on():
     quiet_transformers_bars()
     assert not hf_logging.is_progress_bar_enabled()  # weights loaded, shards written: no bar
     assert not are_progress_bars_disabled()  # a first download of a hub preset keeps its bar
+
+
+def test_the_gguf_dequantizer_bar_is_silent_during_conversion_only():
+    # transformers' GGUF dequantizer draws its own tqdm bar; our conversion bar already counts that stage.
+    import io
+
+    import transformers.modeling_gguf_pytorch_utils as gguf_utils
+
+    original, during, after = gguf_utils.tqdm, io.StringIO(), io.StringIO()
+    with models.gguf_bar_off():
+        list(gguf_utils.tqdm(range(3), file=during, desc="Converting and de-quantizing GGUF tensors..."))
+    list(gguf_utils.tqdm(range(3), file=after))
+    assert during.getvalue() == "" and "3/3" in after.getvalue()
+    assert gguf_utils.tqdm is original

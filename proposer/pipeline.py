@@ -13,6 +13,7 @@ from typing import Any, Optional, Sequence
 
 import torch
 
+from coevo.core.budget import over_budget
 from coevo.core.config import ProposerConfig
 from coevo.core.grpo import group_advantages
 from coevo.core.types import Completion, EvidencePath, SamplingParams, TrainSequence, Verdict
@@ -195,8 +196,7 @@ def propose_questions(proposer: Any, cands: list[Candidate], cfg: ProposerConfig
     prompts = [primed_prompt(proposer, question_messages(c.target, c.path), QUESTION_OPEN) for c in live]
     # An evidence path with very long sentences can outgrow the budget: that candidate is rejected with
     # its own reason code (counted in the step's reasons), never cut, and never stops the run.
-    limit = cfg.max_prompt_tokens
-    for cand in [c for c, p in zip(live, prompts) if limit > 0 and len(p) > limit]:
+    for cand in [c for c, p in zip(live, prompts) if over_budget(p, cfg.max_prompt_tokens)]:
         cand.question_verdict = Verdict(False, PROMPT_BUDGET)
         cand.reject("question", PROMPT_BUDGET)
     live, prompts = [c for c in live if c.live], [p for c, p in zip(live, prompts) if c.live]

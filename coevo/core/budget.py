@@ -16,11 +16,16 @@ class PromptBudgetError(ValueError):
     """A prompt does not fit its policy's `max_prompt_tokens`; the message names the role and the keys."""
 
 
+def over_budget(prompt: Sequence[int], limit: int) -> bool:
+    """Whether a prompt is longer than `limit` tokens (`<role>.max_prompt_tokens`; 0: no limit)."""
+    return limit > 0 and len(prompt) > limit
+
+
 def check_prompts_fit(prompts: Sequence[Sequence[int]], limit: int, role: str) -> None:
     """Raise PromptBudgetError when any prompt is longer than `limit` tokens (`<role>.max_prompt_tokens`)."""
     longest = max((len(p) for p in prompts), default=0)
-    if limit > 0 and longest > limit:
-        over = sum(1 for p in prompts if len(p) > limit)
+    if any(over_budget(p, limit) for p in prompts):
+        over = sum(1 for p in prompts if over_budget(p, limit))
         raise PromptBudgetError(
             f"{over} {role} prompt(s) of up to {longest} tokens exceed config key {role}.max_prompt_tokens={limit}; "
             f"expected every prompt to fit (prompts are never cut): raise {role}.max_prompt_tokens")

@@ -122,22 +122,48 @@ def token_logprobs(logits: Tensor, targets: Tensor, chunk_size: int = LOGPROB_CH
     return _TokenLogprobs.apply(logits, targets, int(chunk_size))
 
 
+# Architectures whose logits are exactly `lm_head(base_model(x).last_hidden_state)` (no logit
+# scaling or soft-capping), so the head may run on a subset of positions.
+HEAD_ON_POSITIONS_TYPES = frozenset({"llama", "qwen2", "qwen3", "mistral"})
+
+
 def sequence_token_logprobs(model: torch.nn.Module, input_ids: Tensor, attention_mask: Tensor,
-                            chunk_size: int = LOGPROB_CHUNK) -> Tensor:
+                            chunk_size: int = LOGPROB_CHUNK, positions: Optional[Tensor] = None) -> Tensor:
     """Log-probs of each next token under `model`: out[b, t] = log p(input_ids[b, t+1] | input_ids[b, :t+1]).
 
     input_ids, attention_mask: [B, T] (left or right padding; positions are derived from the
     mask so both give the same values as an unpadded forward). Returns [B, T-1] float32 with
     gradients if enabled; the [B, T, V] logits live only inside this call (and, with
     gradients, in the graph until backward). Log-probs come from `token_logprobs`.
+
+    positions: optional [B, T-1] 0/1 mask (a loss mask): only these entries are wanted and the
+    rest of `out` is 0. For `HEAD_ON_POSITIONS_TYPES` the LM head then runs on those positions
+    alone -- with prompts most of a sequence, that skips most of the head's [T, V] matmul and
+    log-softmax in the forward and the backward; the wanted values are the same.
     """
     position_ids = (attention_mask.long().cumsum(-1) - 1).clamp(min=0)
+    model_type = getattr(getattr(model, "config", None), "model_type", None)
+    if positions is not None and model_type in HEAD_ON_POSITIONS_TYPES:
+        return _logprobs_on_positions(model, input_ids, attention_mask, position_ids, positions.bool(), chunk_size)
     logits = model(input_ids=input_ids, attention_mask=attention_mask, position_ids=position_ids,
                    use_cache=False).logits
     # The last position predicts nothing; a dummy target there keeps `logits` whole: slicing
     # it to [B, T-1, V] would make the backward allocate another full-size zero gradient.
     targets = torch.cat([input_ids[:, 1:], torch.zeros_like(input_ids[:, :1])], dim=1)
-    return token_logprobs(logits, targets, chunk_size)[:, :-1]
+    out = token_logprobs(logits, targets, chunk_size)[:, :-1]
+    return out if positions is None else torch.where(positions.bool(), out, torch.zeros_like(out))
+
+
+def _logprobs_on_positions(model: torch.nn.Module, input_ids: Tensor, attention_mask: Tensor,
+                           position_ids: Tensor, selected: Tensor, chunk_size: int) -> Tensor:
+    """`sequence_token_logprobs` with the LM head applied at the `selected` [B, T-1] positions only."""
+    hidden = model.base_model(input_ids=input_ids, attention_mask=attention_mask, position_ids=position_ids,
+                              use_cache=False).last_hidden_state
+    logits = model.get_output_embeddings()(hidden[:, :-1][selected])  # [N, V], N = selected positions
+    values = token_logprobs(logits, input_ids[:, 1:][selected], chunk_size)
+    out = torch.zeros(selected.shape, dtype=values.dtype, device=values.device)
+    out[selected] = values
+    return out
 
 
 def clipped_surrogate_loss(logprobs: Tensor, old_logprobs: Tensor, advantages: Tensor, loss_mask: Tensor,

@@ -10,6 +10,9 @@
 - precision (coevo/train/precision.py): a trainable policy holds fp32 weights and AdamW state
   (bf16 ones are refused), its forward passes run in bf16 under autocast on a CUDA device
   with bf16 (`bf16_autocast`), in fp32 on the CPU; the loss math is fp32 everywhere;
+- compute: the LM head runs only on loss-masked positions (`sequence_token_logprobs`'s
+  `positions`), and with one epoch missing old log-probs are the trained forward's own,
+  detached (on-policy: ratio 1 at the only step), so an update costs one forward + backward;
 - memory is bounded by one micro-batch, not the batch: old and reference log-probs are
   computed one micro-batch at a time under no_grad and kept as [b, T-1] floats on the CPU;
   each micro-batch is padded to its own longest sequence, put on the device only for its
@@ -155,22 +158,26 @@ class Policy:
 
     @torch.no_grad()
     def _prepare(self, groups: list[list[TrainSequence]]) -> list[dict]:
-        """Per micro-batch, {"old", "ref" (with a reference model)}: [b, T-1] float32 log-probs on the CPU.
+        """Per micro-batch, {"old", "old_filled", "ref" (with a reference model)}: [b, T-1] float32 CPU log-probs.
 
-        Missing old log-probs come from the current weights, before any step. One micro-batch
-        is on the device at a time and only these per-token floats outlive it.
+        Missing old log-probs come from the current weights, before any step. With one epoch
+        that is the weights the only optimizer step starts from, so the forward being trained
+        gives them (`old_filled` False: filled in `_micro_step` from its detached log-probs,
+        as verl does on-policy) and no extra forward is spent here. One micro-batch is on the
+        device at a time and only these per-token floats outlive it.
         """
         out = []
         for seqs in groups:
             mb = self._tensors(seqs)
-            old = mb["old"]
+            old, filled = mb["old"], bool(mb["has_old"].all())
             with self.compute():
-                if not bool(mb["has_old"].all()):
-                    current = sequence_token_logprobs(self.model, mb["ids"], mb["attn"])
-                    old = torch.where(mb["has_old"].unsqueeze(-1), old, current)
-                logps = {"old": old.float().cpu()}
+                if not filled and int(self.cfg.ppo_epochs) > 1:
+                    current = sequence_token_logprobs(self.model, mb["ids"], mb["attn"], positions=mb["mask"])
+                    old, filled = torch.where(mb["has_old"].unsqueeze(-1), old, current), True
+                logps = {"old": old.float().cpu(), "old_filled": filled}
                 if self.ref_model is not None:
-                    logps["ref"] = sequence_token_logprobs(self.ref_model, mb["ids"], mb["attn"]).float().cpu()
+                    logps["ref"] = sequence_token_logprobs(self.ref_model, mb["ids"], mb["attn"],
+                                                           positions=mb["mask"]).float().cpu()
             out.append(logps)
         return out
 
@@ -184,7 +191,9 @@ class Policy:
         mb = self._tensors(seqs)
         old = logps["old"].to(self.device)
         with self.compute():  # forward in bf16 on CUDA; the loss math below runs on fp32 log-probs
-            lp = sequence_token_logprobs(self.model, mb["ids"], mb["attn"]).float()
+            lp = sequence_token_logprobs(self.model, mb["ids"], mb["attn"], positions=mb["mask"]).float()
+        if not logps["old_filled"]:  # one epoch: the old policy is these weights (ratio 1 at the step)
+            old = torch.where(mb["has_old"].unsqueeze(-1), old, lp.detach())
         pg, m = clipped_surrogate_loss(lp, old, mb["adv"], mb["mask"], cfg.clip_eps, denom=n_tokens)
         loss, kl_value = pg, 0.0
         if self.ref_model is not None:

@@ -206,3 +206,46 @@ def test_sequence_token_logprobs_matches_log_softmax_and_padding(tiny) -> None:
         lp_left = sequence_token_logprobs(model, left, m_left)[0, 2:]
         lp_right = sequence_token_logprobs(model, right, m_left.flip(-1))[0, :4]
     assert torch.allclose(lp_left, lp[0], atol=1e-5) and torch.allclose(lp_right, lp[0], atol=1e-5)
+
+
+def _tiny_causal_lm(kind: str) -> torch.nn.Module:
+    """A 2-layer random Llama / Qwen2 (no download): the architectures the head-on-positions path serves."""
+    from transformers import LlamaConfig, LlamaForCausalLM, Qwen2Config, Qwen2ForCausalLM
+
+    torch.manual_seed(0)
+    shape = dict(vocab_size=50, hidden_size=32, intermediate_size=64, num_hidden_layers=2,
+                 num_attention_heads=2, num_key_value_heads=1, max_position_embeddings=64)
+    if kind == "qwen2":
+        return Qwen2ForCausalLM(Qwen2Config(**shape, tie_word_embeddings=False)).eval()
+    return LlamaForCausalLM(LlamaConfig(**shape, tie_word_embeddings=True)).eval()
+
+
+@pytest.mark.parametrize("kind", ["llama", "qwen2"])
+def test_logprobs_on_positions_equal_the_full_head_values_and_gradients(kind: str) -> None:
+    model = _tiny_causal_lm(kind)
+    ids = torch.tensor([[3, 7, 9, 11, 4, 0], [5, 8, 2, 6, 13, 21]])
+    attn = torch.tensor([[1, 1, 1, 1, 1, 0], [1, 1, 1, 1, 1, 1]])
+    positions = torch.tensor([[0, 0, 1, 1, 0], [0, 1, 0, 1, 1]])
+    full = sequence_token_logprobs(model, ids, attn)
+    (full * positions).sum().backward()
+    full_grads = [p.grad.clone() for p in model.parameters()]
+    model.zero_grad()
+    part = sequence_token_logprobs(model, ids, attn, positions=positions)
+    part.sum().backward()
+    sel = positions.bool()
+    assert part.shape == full.shape and torch.equal(part[~sel], torch.zeros(int((~sel).sum())))
+    assert torch.allclose(part[sel], full[sel], atol=1e-5)
+    for p, expected in zip(model.parameters(), full_grads):
+        assert torch.allclose(p.grad, expected, atol=1e-5)
+
+
+def test_logprobs_on_positions_zero_elsewhere_for_other_architectures() -> None:
+    """An architecture outside HEAD_ON_POSITIONS_TYPES takes the full head; unwanted entries are still 0."""
+    model = _tiny_causal_lm("llama")
+    ids, attn = torch.tensor([[3, 7, 9, 11]]), torch.ones(1, 4, dtype=torch.long)
+    positions = torch.tensor([[0, 1, 1]])
+    with torch.no_grad():
+        expected = sequence_token_logprobs(model, ids, attn)
+        model.config.model_type = "gemma2"  # soft-capped logits: the head must see every position
+        got = sequence_token_logprobs(model, ids, attn, positions=positions)
+    assert got[0, 0] == 0 and torch.allclose(got[0, 1:], expected[0, 1:], atol=1e-6)

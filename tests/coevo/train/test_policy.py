@@ -216,6 +216,28 @@ def test_masked_inputs_and_micro_batching_do_not_change_the_step(tiny) -> None:
         assert _same(results[0], other, atol=1e-6)
 
 
+@pytest.mark.parametrize("epochs", [1, 3])
+def test_missing_old_logprobs_are_the_initial_weights_in_every_epoch(tiny, epochs: int) -> None:
+    """One epoch takes them from the trained forward, several from a pass before the first step:
+    both equal old log-probs stored from the initial weights, epoch after epoch."""
+    model, tok = tiny
+    stored = _batch(tok)
+    with torch.no_grad():
+        for s in stored:
+            ids = torch.tensor([s.input_ids])
+            s.old_logprobs = [0.0] + sequence_token_logprobs(model, ids, torch.ones_like(ids))[0].tolist()
+    missing = [TrainSequence(s.input_ids, s.loss_mask, s.advantage) for s in stored]
+    results = []
+    for seqs in (stored, missing):
+        policy = Policy(_cfg(ppo_epochs=epochs, clip_eps=0.05), copy.deepcopy(model), tok)
+        policy.optimizer = torch.optim.SGD(policy.model.parameters(), lr=1.0)
+        results.append((_params(policy.model), policy.update(seqs)))
+    assert _same(results[0][0], results[1][0], atol=1e-6)
+    assert results[0][1]["clip_frac"] == pytest.approx(results[1][1]["clip_frac"])
+    if epochs > 1:  # later epochs compare against the initial weights, so some tokens clip
+        assert results[1][1]["clip_frac"] > 0
+
+
 def test_mmap_threshold_is_pinned_on_glibc_only() -> None:
     glibc = sys.platform.startswith("linux") and platform.libc_ver()[0] == "glibc"
     assert pin_mmap_threshold() is glibc

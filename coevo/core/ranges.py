@@ -85,6 +85,8 @@ RANGES: dict[str, dict[str, Range]] = {
         "pq_bits": Range(1, 16),  # FAISS's PQ codes hold at most 16 bits
         "timeout_s": POSITIVE, "retries": NON_NEGATIVE, "backoff_s": NON_NEGATIVE,
     },
+    "LoraConfig": {"rank": NON_NEGATIVE, "alpha": POSITIVE},  # rank 0 = full fine-tuning
+    "ClusterConfig": {"nodes": AT_LEAST_1, "gpus_per_node": AT_LEAST_1, "gpu_memory_gb": POSITIVE},
     "RunConfig": {"steps": AT_LEAST_1, "save_every": AT_LEAST_1},
     "RayConfig": {"num_cpus": AT_LEAST_1, "ready_timeout_s": POSITIVE, "report_pending_s": POSITIVE},
     "CoevoConfig": {"seed": NON_NEGATIVE},

@@ -41,8 +41,10 @@ def test_help_lists_every_schema_field_with_its_type_value_and_documentation(roo
     # Grouped like the schema: each block under its own title, nested blocks after their parent.
     titles = [ln for ln in lines if re.match(r"^[\w. ]+ \(\w+\): ", ln)]
     assert titles[0].startswith("top level (") and "solver.reward (SolverRewardConfig): Tool-aware" in text
-    assert titles.index(next(t for t in titles if t.startswith("solver.reward ("))) == \
-        titles.index(next(t for t in titles if t.startswith("solver ("))) + 1
+    solver = titles.index(next(t for t in titles if t.startswith("solver (")))
+    reward = titles.index(next(t for t in titles if t.startswith("solver.reward (")))
+    assert reward > solver and all(t.startswith("solver.") for t in titles[solver + 1:reward + 1])
+    assert any(t.startswith("solver.lora (LoraConfig): ") for t in titles[solver + 1:reward])
 
 
 def test_help_of_one_part_shows_the_overridden_values():

@@ -45,6 +45,7 @@ from coevo.train.checkpoint import (
     save_checkpoint,
 )
 from coevo.train.memory import MemoryBudgetError, check_run_memory
+from coevo.train.plan import check_gpu_plan
 from coevo.train.preflight import PreflightError, check_devices, check_models
 
 log = logging.getLogger(__name__)
@@ -91,7 +92,8 @@ def open_run(prog: str, cfg: CoevoConfig, dcfg: DictConfig, with_proposer: bool 
     """Hold run.dir's lock for the block; yields the checkpoint to resume from (None: a fresh start).
 
     Once the run owns run.dir, logging is set up (run.log); then every model is located
-    (`check_models`) and the memory estimated, both before Ray or any model starts. The
+    (`check_models`), the GPU roles planned (`check_gpu_plan`) and the memory estimated, all
+    before Ray or any model starts. The
     experiment check comes before config.yaml (`dcfg`, resolved) is (re)written: a refused
     resume leaves the stored config as it was.
     """
@@ -99,6 +101,7 @@ def open_run(prog: str, cfg: CoevoConfig, dcfg: DictConfig, with_proposer: bool 
     with claim_run(cfg, run_dir):
         setup_logging(cfg.log.level, run_dir)
         sources = check_models(cfg, with_proposer)
+        check_gpu_plan(cfg, with_proposer)  # arithmetic only: a role too big for its GPU stops before it loads
         check_devices(cfg, with_proposer)  # num_gpus > 0 without a visible GPU: refused, never run on the CPU
         say(start_line(prog, cfg, sources, check_run_memory(cfg, with_proposer=with_proposer)))
         config_yaml = OmegaConf.to_yaml(dcfg, resolve=True)

@@ -30,6 +30,7 @@ from dataclasses import dataclass
 from typing import Optional
 
 from coevo.core.config import CoevoConfig, PolicyConfig
+from coevo.train.shapes import ModelShape, meta_model, shape_of
 from solver.ranker import ranker_policy_config
 
 LOG = logging.getLogger("coevo.memory")
@@ -43,20 +44,6 @@ GEN_PER_HIDDEN, GEN_PER_INTERMEDIATE = 10, 5
 ENGINE_RUNTIME = 2 * GIB  # vLLM CPU processes beyond KV and weights: EngineCore 0.76 + Worker 1.3 GB (SmolLM2)
 PROCESS_RUNTIME = 3 * GIB // 5  # a Python process with torch, transformers and a tokenizer (0.55 GB measured)
 TRANSIENT = ("activations", "sync_staging", "generation")
-
-
-@dataclass(frozen=True)
-class ModelShape:
-    """What the estimate needs from a model's config."""
-
-    params: int  # parameters, tied embeddings counted once
-    hidden: int
-    intermediate: int
-    layers: int
-    vocab: int
-    tied: bool  # input and output embeddings share one matrix (vLLM runs untied: one more copy)
-    kv_heads: int
-    head_dim: int
 
 
 @dataclass(frozen=True)
@@ -190,22 +177,7 @@ def meminfo(key: str) -> int:
 
 def model_shape(model: str, checkpoint: Optional[str] = None) -> ModelShape:
     """ModelShape of a preset, directory or hub id from its config alone (built on torch's meta device)."""
-    import torch
-    from transformers import AutoConfig, AutoModelForCausalLM
-
-    from coevo.train.models import resolve_model_path
-
-    config = AutoConfig.from_pretrained(checkpoint or resolve_model_path(model))
-    with torch.device("meta"):
-        params = sum(p.numel() for p in AutoModelForCausalLM.from_config(config).parameters())
-    text = config.get_text_config(decoder=True)
-    hidden = int(text.hidden_size)
-    heads = int(text.num_attention_heads)
-    return ModelShape(params=int(params), hidden=hidden, layers=int(text.num_hidden_layers), vocab=int(text.vocab_size),
-                      intermediate=int(getattr(text, "intermediate_size", None) or 4 * hidden),
-                      kv_heads=int(getattr(text, "num_key_value_heads", None) or heads),
-                      head_dim=int(getattr(text, "head_dim", None) or hidden // heads),
-                      tied=bool(getattr(config, "tie_word_embeddings", False)))
+    return shape_of(meta_model(model, checkpoint))
 
 
 def _gpu_memory() -> Optional[int]:

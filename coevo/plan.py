@@ -1,0 +1,52 @@
+"""`python -m coevo.plan <the overrides of coevo.run>`: each GPU role's memory on one of its GPUs.
+
+    python -m coevo.plan proposer=qwen3-4b solver=qwen2.5-7b ranker=qwen2.5-3b
+    python -m coevo.plan experiment=paper_cosearch cluster.gpu_memory_gb=141 solver.lora.rank=64
+
+Prints one JSON line per role with `num_gpus > 0` (coevo/train/plan.py: weights, grads,
+optimizer, reference, engine, cuda_context, the update's or generation's transient peak,
+total_per_gpu_gb, gpu_budget_gb, fits, would_fit, notes), from the models' configs alone:
+nothing is loaded or downloaded (the shipped hub presets' public config values are built in).
+Exit status 0 when every role fits and the cluster (`cluster.*`) has the GPUs they ask for,
+1 when not (stderr says what would fit), 2 for a configuration that does not compose.
+`coevo.run` makes the same check before it starts anything (`run.plan_check`).
+"""
+from __future__ import annotations
+
+import json
+import sys
+from typing import Optional, Sequence
+
+from hydra.errors import HydraException
+from omegaconf.errors import OmegaConfBaseException
+
+from coevo.core.config import compose, to_object
+from coevo.train.plan import PlanError, plan_message, plan_roles
+
+
+def main(argv: Optional[Sequence[str]] = None) -> int:
+    """The planner's command line; returns the exit status."""
+    args = list(sys.argv[1:] if argv is None else argv)
+    if any(a in ("-h", "--help") for a in args):
+        print(__doc__.strip())
+        return 0
+    try:
+        cfg = to_object(compose(args, "coevo"))
+        plans = plan_roles(cfg)
+    except (ValueError, FileNotFoundError, HydraException, OmegaConfBaseException, PlanError) as e:
+        print(f"coevo.plan: error: {e}", file=sys.stderr)
+        return 2
+    for plan in plans:
+        print(json.dumps(plan.to_record()), flush=True)
+    if not plans:
+        print("coevo.plan: no role asks for a GPU (<role>.num_gpus > 0): coevo.run's RAM estimate applies instead",
+              file=sys.stderr)
+    message = plan_message(plans, cfg)
+    if message:
+        print(message, file=sys.stderr)
+        return 1
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

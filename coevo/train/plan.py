@@ -1,0 +1,233 @@
+"""GPU memory planner (issue 12): what each role holds on one of its GPUs, before anything starts.
+
+`python -m coevo.plan` prints `plan_roles`' records; `coevo.run` refuses a plan that does not
+fit (`check_gpu_plan`, `run.plan_check`). It models the code as it runs today: a policy with
+`num_gpus >= 1` keeps its whole model on one GPU (no sharding: the other GPUs Ray gives it
+stay idle), a fractional `num_gpus` gets that share of one GPU, the hardware is `cluster.*`.
+Per GPU role, in bytes (`GpuPlan.terms`):
+- `weights`: parameters x dtype bytes (fp32 masters for a trained full fine-tune; with LoRA the
+  frozen base in its dtype plus the fp32 adapter);
+- `grads`, `optimizer`: fp32 gradients and AdamW's two fp32 moments of the trained parameters
+  (all of them, or the adapter's);
+- `reference`: the KL copy (`kl_coef > 0`, full fine-tuning), bf16 under `bf16_autocast`;
+  LoRA's reference is the base with the adapter disabled: no copy;
+- `engine`: vLLM's `gpu_memory_utilization` x the GPU (its weights and KV cache), held
+  throughout (no sleep mode is configured);
+- `cuda_context`: the trainer process's CUDA context and kernels (`CUDA_CONTEXT`, assumed);
+- transient, largest one counted: `update` (one micro-batch's saved activations, bf16 under
+  autocast, with or without gradient checkpointing; the LM head's logits at the completion
+  positions only, coevo/core/grpo.py; the autocast bf16 copy of fp32 weights) or
+  `generation` (HF engine: KV cache of every row generated at once).
+The activation constants are coevo/train/memory.py's, measured on the CPU; on a GPU they are
+unverified until `bench/update.py` measures them.
+"""
+from __future__ import annotations
+
+import dataclasses
+import math
+from dataclasses import dataclass, field
+from typing import Any, Optional
+
+from coevo.core.config import CoevoConfig, PolicyConfig
+from coevo.train.memory import (
+    ACT_PER_HIDDEN,
+    ACT_PER_INTERMEDIATE,
+    DTYPE_BYTES,
+    generated_rows,
+    generation_bytes,
+    loaded_policies,
+    sequence_tokens,
+)
+from coevo.train.preflight import PreflightError
+from coevo.train.shapes import ModelShape, adapter_parameters, meta_model, shape_of
+
+GB = 1e9
+CUDA_CONTEXT = 1 << 30  # a torch process's CUDA context, cuBLAS/cuDNN workspaces (assumed, ~0.5-1 GiB in practice)
+HEADROOM = 0.05  # share of a GPU left to allocator fragmentation: a plan above 95 % does not fit
+LORA_SUGGESTION = 64  # rank the planner tries when full fine-tuning does not fit
+
+
+class PlanError(PreflightError):
+    """A role does not fit its GPUs (or the roles' GPUs exceed the cluster); the message says what would."""
+
+
+@dataclass
+class GpuPlan:
+    """One role's plan on one of its GPUs."""
+
+    role: str
+    gpus: float
+    budget: int  # bytes of GPU memory this role may use on one GPU
+    terms: dict[str, int] = field(default_factory=dict)
+    transient: dict[str, int] = field(default_factory=dict)
+    notes: list[str] = field(default_factory=list)
+    would_fit: list[str] = field(default_factory=list)  # the fewest cumulative overrides that fit (`_ladder`)
+
+    @property
+    def total(self) -> int:
+        return sum(self.terms.values()) + max(self.transient.values(), default=0)
+
+    @property
+    def fits(self) -> bool:
+        return self.total <= self.budget * (1 - HEADROOM)
+
+    def to_record(self) -> dict:
+        """The JSON line of `coevo.plan`: sizes in GB (10^9 bytes)."""
+        gb = {k: round(v / GB, 2) for k, v in {**self.terms, **self.transient}.items()}
+        return {"role": self.role, "gpus": self.gpus, **gb, "total_per_gpu_gb": round(self.total / GB, 2),
+                "gpu_budget_gb": round(self.budget / GB, 2), "fits": self.fits, "would_fit": self.would_fit,
+                "notes": self.notes}
+
+
+def activation_bytes_gpu(shape: ModelShape, tokens: int, checkpointing: bool, compute_bytes: int) -> int:
+    """Saved activations of `tokens` tokens: every layer's (18 hidden + 3 intermediate elements per token),
+    or with checkpointing each layer's fp32 input plus one layer's recomputed activations."""
+    layer = (ACT_PER_HIDDEN * shape.hidden + ACT_PER_INTERMEDIATE * shape.intermediate) * compute_bytes
+    per_token = shape.layers * shape.hidden * 4 + layer if checkpointing else shape.layers * layer
+    return tokens * per_token
+
+
+def completion_tokens(cfg: CoevoConfig, role: str, policy: PolicyConfig) -> int:
+    """Loss-masked tokens of one sequence, where the LM head runs: every solver turn, one call otherwise."""
+    turns = cfg.solver.max_turns if role == "solver" else 1
+    return min(sequence_tokens(cfg, role, policy), turns * policy.max_new_tokens)
+
+
+def _trained_terms(plan: GpuPlan, policy: PolicyConfig, shape: ModelShape, adapter: int, bf16: bool) -> None:
+    """weights / grads / optimizer / reference of a trained policy (full fine-tuning or LoRA)."""
+    size = DTYPE_BYTES[str(policy.dtype)]
+    if policy.lora.rank > 0:
+        plan.terms["weights"] = shape.params * size + adapter * 4
+        trained = adapter
+    else:
+        plan.terms["weights"] = shape.params * size
+        trained = shape.params
+        if policy.kl_coef > 0:
+            plan.terms["reference"] = shape.params * (2 if bf16 else size)
+    plan.terms["grads"] = trained * 4
+    plan.terms["optimizer"] = trained * 8
+
+
+def role_plan(cfg: CoevoConfig, role: str, policy: PolicyConfig, shape: ModelShape, adapter: int,
+              gpu_bytes: int, with_proposer: bool = True) -> GpuPlan:
+    """The plan of one GPU role (`adapter`: its LoRA parameter count at `policy.lora.rank`)."""
+    plan = GpuPlan(role, float(policy.num_gpus), int(gpu_bytes * min(1.0, float(policy.num_gpus))))
+    bf16 = bool(policy.bf16_autocast)  # the planner assumes a bf16-capable GPU (A100/H100/H200)
+    size = DTYPE_BYTES[str(policy.dtype)]
+    if policy.frozen:
+        plan.terms["weights"] = shape.params * size
+    else:
+        _trained_terms(plan, policy, shape, adapter, bf16)
+        compute = 2 if bf16 else size
+        tokens = sequence_tokens(cfg, role, policy) * max(1, policy.micro_batch_size)
+        logits = completion_tokens(cfg, role, policy) * max(1, policy.micro_batch_size) * shape.vocab * 4
+        cast = shape.params * 2 if bf16 and size == 4 else 0  # autocast keeps a bf16 copy of each weight it used
+        plan.transient["update"] = (activation_bytes_gpu(shape, tokens, policy.gradient_checkpointing, compute)
+                                    + logits + cast)
+    if str(policy.engine) == "vllm":
+        plan.terms["engine"] = int(policy.gpu_memory_utilization * gpu_bytes)
+    else:
+        rows = generated_rows(cfg, role, with_proposer)
+        plan.transient["generation"] = generation_bytes(shape, 2 if bf16 else size, rows,
+                                                        sequence_tokens(cfg, role, policy))
+    plan.terms["cuda_context"] = CUDA_CONTEXT
+    if policy.num_gpus > 1:
+        plan.notes.append(f"{role}.num_gpus={policy.num_gpus:g}: the policy uses one of them (no sharding yet), "
+                          "the others stay idle")
+    return plan
+
+
+def _ladder(role: str, policy: PolicyConfig, cfg: CoevoConfig) -> list[tuple[str, PolicyConfig, CoevoConfig]]:
+    """Cumulative changes the planner tries when a role does not fit, cheapest first: each rung
+    keeps the ones before it. Returns (the overrides so far, the changed role config, run config)."""
+    rungs: list[tuple[str, dict]] = []
+    if not policy.frozen and not policy.gradient_checkpointing:
+        rungs.append((f"{role}.gradient_checkpointing=true", {"gradient_checkpointing": True}))
+    if not policy.frozen and policy.lora.rank == 0:
+        rungs.append((f"{role}.lora.rank={LORA_SUGGESTION} {role}.dtype=bfloat16",
+                      {"lora": dataclasses.replace(policy.lora, rank=LORA_SUGGESTION), "dtype": "bfloat16"}))
+    if not policy.frozen and policy.micro_batch_size > 1:
+        rungs.append((f"{role}.micro_batch_size=1", {"micro_batch_size": 1}))
+    if str(policy.engine) == "vllm" and policy.gpu_memory_utilization > 0.2:
+        util = round(policy.gpu_memory_utilization / 2, 3)
+        rungs.append((f"{role}.gpu_memory_utilization={util:g}", {"gpu_memory_utilization": util}))
+    out, texts, changed = [], [], policy
+    for text, fields in rungs:
+        texts.append(text)
+        changed = dataclasses.replace(changed, **fields)
+        out.append((" ".join(texts), changed, cfg))
+    half = cfg.solver.max_episode_tokens // 2
+    if role == "solver" and half >= 512:  # last: it changes what the solver can do, not only how it is stored
+        shorter = dataclasses.replace(cfg, solver=dataclasses.replace(changed, max_episode_tokens=half))
+        out.append((" ".join(texts + [f"solver.max_episode_tokens={half}"]), shorter.solver, shorter))
+    return out
+
+
+def plan_roles(cfg: CoevoConfig, with_proposer: bool = True, shapes: Optional[dict[str, Any]] = None) -> list[GpuPlan]:
+    """A `GpuPlan` for every loaded role with `num_gpus > 0`, suggestions filled in for those that do not fit.
+
+    `shapes`: role -> (ModelShape, meta model) to skip reading model configs (tests).
+    """
+    gpu_bytes = int(cfg.cluster.gpu_memory_gb * GB)
+    plans = []
+    for role, policy in loaded_policies(cfg, with_proposer).items():
+        if policy.num_gpus <= 0:
+            continue
+        shape, model = (shapes or {}).get(role) or _shape_and_model(role, policy)
+        plan = role_plan(cfg, role, policy, shape, adapter_parameters(model, policy.lora), gpu_bytes, with_proposer)
+        for text, changed, changed_cfg in _ladder(role, policy, cfg) if not plan.fits else []:
+            adapter = adapter_parameters(model, changed.lora)
+            if role_plan(changed_cfg, role, changed, shape, adapter, gpu_bytes, with_proposer).fits:
+                plan.would_fit.append(text)
+                break
+        plans.append(plan)
+    return plans
+
+
+def _shape_and_model(role: str, policy: PolicyConfig) -> tuple[ModelShape, Any]:
+    try:
+        model = meta_model(policy.model, policy.checkpoint)
+    except Exception as e:  # noqa: BLE001 - an unknown hub id offline, a missing dir: say which key
+        raise PlanError(f"coevo.plan: cannot read the config of {role}.model={policy.model}: {e}. Known offline: "
+                        "the shipped presets; else point the key at a local model directory") from e
+    return shape_of(model), model
+
+
+def gpus_needed(cfg: CoevoConfig, with_proposer: bool = True) -> float:
+    """GPUs the roles ask for together: whole GPUs for num_gpus >= 1, fractional shares summed."""
+    asks = [p.num_gpus for p in loaded_policies(cfg, with_proposer).values() if p.num_gpus > 0]
+    whole = sum(math.ceil(a) for a in asks if a >= 1)
+    return whole + math.ceil(sum(a for a in asks if a < 1) - 1e-9)
+
+
+def plan_message(plans: list[GpuPlan], cfg: CoevoConfig, with_proposer: bool = True) -> Optional[str]:
+    """Why the plan cannot run (a role over its GPU, or more GPUs than the cluster has); None when it can."""
+    lines = []
+    have = cfg.cluster.nodes * cfg.cluster.gpus_per_node
+    need = gpus_needed(cfg, with_proposer)
+    if need > have:
+        lines.append(f"the roles ask for {need:g} GPUs but cluster.nodes x cluster.gpus_per_node = "
+                     f"{cfg.cluster.nodes} x {cfg.cluster.gpus_per_node} = {have}")
+    for p in plans:
+        if not p.fits:
+            biggest = sorted({**p.terms, **p.transient}.items(), key=lambda kv: -kv[1])[:3]
+            terms = ", ".join(f"{k} {v / GB:.1f}" for k, v in biggest)
+            fix = (f"; fits with {' | '.join(p.would_fit)}" if p.would_fit
+                   else "; none of the changes the planner tries fits (sharding over GPUs is not built yet)")
+            lines.append(f"{p.role} needs {p.total / GB:.1f} GB on one GPU, {p.budget * (1 - HEADROOM) / GB:.1f} GB "
+                         f"usable of cluster.gpu_memory_gb={cfg.cluster.gpu_memory_gb:g} (largest: {terms} GB){fix}")
+    if not lines:
+        return None
+    return ("coevo: the GPU plan does not fit (python -m coevo.plan with the same overrides prints every term):\n  "
+            + "\n  ".join(lines) + "\nSkip this check with run.plan_check=false.")
+
+
+def check_gpu_plan(cfg: CoevoConfig, with_proposer: bool = True) -> Optional[list[GpuPlan]]:
+    """Refuse (PlanError) a run whose GPU roles do not fit; None when no role asks for a GPU or the check is off."""
+    if not cfg.run.plan_check or not any(p.num_gpus > 0 for p in loaded_policies(cfg, with_proposer).values()):
+        return None
+    plans = plan_roles(cfg, with_proposer)
+    message = plan_message(plans, cfg, with_proposer)
+    if message:
+        raise PlanError(message)
+    return plans

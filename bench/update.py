@@ -1,0 +1,124 @@
+"""Benchmark (not a test): one GRPO `Policy.update` on a shape-faithful random-weight model, beside the planner.
+
+    .venv/bin/python bench/update.py --model qwen2.5-7b --mode lora --tokens 8x4096 --device cuda
+    .venv/bin/python bench/update.py --model qwen2.5-3b --mode full --tokens 8x4096 --checkpointing
+    .venv/bin/python bench/update.py --model tiny-random --tokens 4x256          # CPU, seconds
+
+The model is built from its config (a preset's public config values, coevo/train/shapes.py,
+or a local directory's config.json) with random weights: nothing is downloaded. `--tokens BxT`:
+B sequences of T tokens, the last `--completion` of each loss-masked, advantages +1/-1, no
+stored old log-probs (the on-policy path). `--mode lora` trains a rank-`--rank` adapter over
+a bf16 base. Prints ONE JSON line:
+    {"model", "mode", "device", "tokens", "micro_batch_size", "checkpointing", "params",
+     "trained_params", "update_s", "tokens_per_s", "peak_mem_gb", "planner_gb", "planner_terms_gb"}
+peak_mem_gb: torch's peak allocated CUDA memory during the update (weights and optimizer state
+included; the CUDA context is not), or on the CPU the process's peak RSS. planner_gb: the
+planner's (coevo/train/plan.py) weights + reference + grads + optimizer + update peak for the
+same shape and settings, the number to compare with peak_mem_gb (its engine share and CUDA
+context are left out: neither is in torch's count).
+"""
+from __future__ import annotations
+
+import argparse
+import json
+import random
+import resource
+import sys
+import time
+from pathlib import Path
+
+_ROOT = Path(__file__).resolve().parents[1]
+sys.path[:] = [str(_ROOT)] + [p for p in sys.path if Path(p or ".").resolve() != _ROOT / "bench"]
+
+import torch  # noqa: E402
+from transformers import AutoConfig, AutoModelForCausalLM  # noqa: E402
+
+from coevo.core.config import compose, to_object  # noqa: E402
+from coevo.core.types import TrainSequence  # noqa: E402
+from coevo.train.models import _build_tiny_tokenizer, resolve_model_path  # noqa: E402
+from coevo.train.plan import GB, role_plan  # noqa: E402
+from coevo.train.policy import Policy  # noqa: E402
+from coevo.train.shapes import adapter_parameters, public_config, shape_of  # noqa: E402
+
+
+def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    parser.add_argument("--model", default="tiny-random", help="model preset (configs/model), hub id or local dir")
+    parser.add_argument("--mode", choices=["full", "lora"], default="full")
+    parser.add_argument("--rank", type=int, default=64, help="LoRA rank with --mode lora")
+    parser.add_argument("--tokens", default="8x4096", help="BxT: B sequences of T tokens")
+    parser.add_argument("--completion", type=int, default=512, help="loss-masked tokens at the end of each sequence")
+    parser.add_argument("--micro-batch", type=int, default=1)
+    parser.add_argument("--checkpointing", action="store_true", help="gradient checkpointing")
+    parser.add_argument("--kl", type=float, default=0.001, help="kl_coef (> 0: a reference copy, or LoRA's base)")
+    parser.add_argument("--device", default="cuda" if torch.cuda.is_available() else "cpu")
+    return parser.parse_args(argv)
+
+
+def role_config(args: argparse.Namespace, seq_len: int) -> tuple:
+    """The solver block the update runs with (and the run config the planner reads)."""
+    model_override = [f"solver={args.model}"] if (_ROOT / "configs/model" / f"{args.model}.yaml").exists() \
+        else [f"solver.model={args.model}"]
+    overrides = model_override + [
+        f"solver.micro_batch_size={args.micro_batch}", f"solver.kl_coef={args.kl}", "solver.lr=1e-6",
+        f"solver.gradient_checkpointing={str(args.checkpointing).lower()}", f"solver.max_episode_tokens={seq_len}",
+        f"solver.max_prompt_tokens={seq_len}", "solver.max_turns=1", f"solver.max_new_tokens={args.completion}",
+        f"solver.num_gpus={1 if args.device.startswith('cuda') else 0}", "rollout=hf", "run.plan_check=false"]
+    if args.mode == "lora":
+        overrides += [f"solver.lora.rank={args.rank}", "solver.dtype=bfloat16"]
+    cfg = to_object(compose(overrides))
+    return cfg, cfg.solver
+
+
+def build_model(name: str, dtype: torch.dtype, device: str) -> torch.nn.Module:
+    """Random weights in the model's real shape: from public config values or the config file, never a download."""
+    config = public_config(name) or AutoConfig.from_pretrained(resolve_model_path(name))
+    torch.manual_seed(0)
+    with torch.device(device):
+        return AutoModelForCausalLM.from_config(config, dtype=dtype)
+
+
+def batch(n: int, length: int, completion: int, vocab: int) -> list[TrainSequence]:
+    rng = random.Random(0)
+    prompt = max(1, length - completion)
+    return [TrainSequence([rng.randrange(1, vocab) for _ in range(length)], [0] * prompt + [1] * (length - prompt),
+                          advantage=1.0 if i % 2 == 0 else -1.0) for i in range(n)]
+
+
+def peak_gb(device: str) -> float:
+    if device.startswith("cuda"):
+        return torch.cuda.max_memory_allocated() / GB
+    return resource.getrusage(resource.RUSAGE_SELF).ru_maxrss * 1024 / GB
+
+
+def main(argv: list[str] | None = None) -> dict:
+    args = parse_args(argv)
+    n, length = (int(x) for x in args.tokens.lower().split("x"))
+    cfg, policy_cfg = role_config(args, length)
+    model = build_model(policy_cfg.model, torch.bfloat16 if args.mode == "lora" else torch.float32, args.device)
+    shape, adapter = shape_of(model), adapter_parameters(model, policy_cfg.lora)  # before any adapter is added
+    tokenizer = _build_tiny_tokenizer()  # only its pad id is read: the batch is token ids already
+    policy = Policy(policy_cfg, model, tokenizer, role="solver")
+    seqs = batch(n, length, args.completion, shape.vocab)
+    if args.device.startswith("cuda"):
+        torch.cuda.synchronize()
+        torch.cuda.reset_peak_memory_stats()
+    t0 = time.perf_counter()
+    metrics = policy.update(seqs)
+    if args.device.startswith("cuda"):
+        torch.cuda.synchronize()
+    update_s = time.perf_counter() - t0
+    plan = role_plan(cfg, "solver", policy_cfg, shape, adapter, int(cfg.cluster.gpu_memory_gb * GB))
+    counted = {k: v for k, v in plan.terms.items() if k not in ("engine", "cuda_context")}
+    planner = sum(counted.values()) + plan.transient.get("update", 0)
+    trained = sum(p.numel() for p in policy.model.parameters() if p.requires_grad)
+    return {"model": args.model, "mode": args.mode, "device": args.device, "tokens": args.tokens,
+            "micro_batch_size": args.micro_batch, "checkpointing": args.checkpointing, "params": shape.params,
+            "trained_params": trained, "update_s": round(update_s, 2), "tokens_per_s": round(n * length / update_s, 1),
+            "peak_mem_gb": round(peak_gb(args.device), 2), "planner_gb": round(planner / GB, 2),
+            "planner_terms_gb": {k: round(v / GB, 2) for k, v in {**counted, "update": plan.transient["update"]}.items()},
+            "grad_norm": metrics.get("grad_norm")}
+
+
+if __name__ == "__main__":
+    print(json.dumps(main()), flush=True)

@@ -101,7 +101,20 @@ def _kill_group(pgid: int) -> None:
         pass
 
 
-def run_logged(cmd: list[str], log: Path, tag: str, timeout: Optional[float]) -> tuple[int, list[str], float]:
+def arm_env(parallel: bool) -> dict[str, str]:
+    """The environment of an arm's processes: with `--parallel`, each arm's torch gets half the cores.
+
+    Two arms at once with torch's default (one thread per core each) put twice as many busy
+    threads as cores on the machine, and every parallel op then waits for a descheduled thread.
+    """
+    env = dict(os.environ)
+    if parallel:
+        env["OMP_NUM_THREADS"] = env["MKL_NUM_THREADS"] = str(max(1, (os.cpu_count() or 2) // len(ARMS)))
+    return env
+
+
+def run_logged(cmd: list[str], log: Path, tag: str, timeout: Optional[float],
+               env: Optional[dict[str, str]] = None) -> tuple[int, list[str], float]:
     """Run `cmd` in its own session from the repo root; its output goes to `log` and (tagged) stderr.
 
     Returns (exit code, last output lines, seconds). On timeout or exit, whatever the command
@@ -112,7 +125,7 @@ def run_logged(cmd: list[str], log: Path, tag: str, timeout: Optional[float]) ->
     log.parent.mkdir(parents=True, exist_ok=True)
     with open(log, "w", encoding="utf-8") as f:
         proc = subprocess.Popen(cmd, cwd=_ROOT, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True,
-                                errors="replace", start_new_session=True)
+                                errors="replace", start_new_session=True, env=env)
         expired = threading.Event()
         timer = threading.Timer(timeout, lambda: (expired.set(), _kill_group(proc.pid))) if timeout else None
         if timer is not None:
@@ -150,7 +163,7 @@ def run_arm(arm: str, args: argparse.Namespace, out: Path) -> dict[str, Any]:
     cmd = [sys.executable, "-m", "coevo.run", *args.overrides, f"run.steps={args.steps}", f"run.dir={run_dir}",
            f"seed={args.seed}", f"ray.local={str(not args.ray).lower()}", *(FROZEN if arm == "control" else [])]
     print(f"== {arm}: {_shown(cmd)}", file=sys.stderr, flush=True)
-    rc, tail, seconds = run_logged(cmd, out / f"{arm}-run.log", arm, args.arm_timeout)
+    rc, tail, seconds = run_logged(cmd, out / f"{arm}-run.log", arm, args.arm_timeout, arm_env(args.parallel))
     arm_result: dict[str, Any] = {"run_dir": str(run_dir), "run_command": _shown(cmd), "run_s": round(seconds, 1),
                                   "returncode": rc, "error": None if rc == 0 else _error("coevo.run", rc, tail)}
     try:
@@ -194,7 +207,8 @@ def evaluate_arm(arm: str, args: argparse.Namespace, out: Path, mode: str) -> di
     cmd = [sys.executable, "-m", "coevo.eval", *args.overrides, *args.eval_arg, "mode=agent",
            f"data={args.eval_data}", f"limit={args.eval_limit}", f"seed={args.seed}", f"out={path}", *own]
     print(f"== eval {arm}: {_shown(cmd)}", file=sys.stderr, flush=True)
-    rc, tail, seconds = run_logged(cmd, out / f"{arm}-eval.log", f"eval {arm}", args.arm_timeout)
+    rc, tail, seconds = run_logged(cmd, out / f"{arm}-eval.log", f"eval {arm}", args.arm_timeout,
+                                   arm_env(args.parallel))
     result.update(file=str(path), command=_shown(cmd), eval_s=round(seconds, 1))
     if rc != 0:
         return {**result, "error": _error("coevo.eval", rc, tail)}

@@ -15,7 +15,7 @@ export COEVO_CACHE=${COEVO_CACHE:-/tmp/coevo-cache} VLLM_LOGGING_LEVEL=${VLLM_LO
 echo "== 1/3 versions"
 nvidia-smi --query-gpu=name,memory.total,driver_version --format=csv,noheader || echo "nvidia-smi: not available"
 $PY -c 'import torch, vllm, transformers; print("torch", torch.__version__, "cuda", torch.version.cuda, "gpu", torch.cuda.is_available(), "| vllm", vllm.__version__, "| transformers", transformers.__version__)' \
-  || { echo "MISSING: torch/vllm/transformers are not importable by $PY; install the CUDA vllm build (pip install vllm) first"; exit 2; }
+  || { echo "MISSING: torch/vllm/transformers are not importable by $PY; install the CUDA stack (make DEVICE=cuda, then PYTHON=.venv/bin/python) first"; exit 2; }
 $PY -c 'import torch, sys; sys.exit(0 if torch.cuda.is_available() else 1)' || { echo "MISSING: torch sees no CUDA GPU"; exit 2; }
 $PY -c 'import omegaconf, tokenizers, safetensors' || { echo "MISSING: omegaconf/tokenizers/safetensors (pip install omegaconf)"; exit 2; }
 df -h /dev/shm | tail -1  # weight staging lives here: docker's 64 MB default is too small

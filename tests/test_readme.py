@@ -25,6 +25,9 @@ VENV = Path(sys.executable).parent.parent  # the environment running the tests; 
 
 NOT_RUN = {
     "make test": "runs the whole suite, this test included",
+    # README "On GPU machines": tests/test_makefile.py checks what they would install (make -n).
+    "make test DEVICE=cuda": "installs the CUDA stack (about 4 GB more) into a .venv of its own",
+    "make run DEVICE=cuda": "needs that CUDA .venv",
     ".venv/bin/python -m coevo.run proposer=qwen3-4b solver=qwen2.5-7b ranker=qwen2.5-3b":
         "GPU presets: 29 GB of weights from the hub, one GPU per policy (num_gpus=1)",
     # README "On a cluster": tests/coevo/test_cluster_e2e.py runs the same on a two-node ray.cluster_utils.Cluster.

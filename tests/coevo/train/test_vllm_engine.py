@@ -215,3 +215,12 @@ def test_missing_vllm_is_a_clear_error(monkeypatch: pytest.MonkeyPatch, hf) -> N
     monkeypatch.setitem(sys.modules, "vllm", None)  # makes `import vllm` raise ImportError
     with pytest.raises(ImportError, match="pip install"):
         build_engine(_cfg(), model, tok)
+
+
+def test_installed_vllm_has_what_each_weight_sync_calls() -> None:
+    """The release `make` installs passes the engine-start check (tests/coevo/train/test_vllm_compat.py has fakes)."""
+    from coevo.train.engines.vllm import require_vllm
+    from coevo.train.engines.vllm_compat import SUPPORTED_VLLM, WEIGHT_SYNC_APIS, missing_apis
+
+    assert require_vllm().__version__ == SUPPORTED_VLLM
+    assert {mode: missing_apis(mode) for mode in WEIGHT_SYNC_APIS} == {mode: [] for mode in WEIGHT_SYNC_APIS}

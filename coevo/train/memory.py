@@ -193,9 +193,12 @@ def model_shape(model: str, checkpoint: Optional[str] = None) -> ModelShape:
     import torch
     from transformers import AutoConfig, AutoModelForCausalLM
 
+    from coevo.train.lora import is_adapter_dir
     from coevo.train.models import resolve_model_path
 
-    config = AutoConfig.from_pretrained(checkpoint or resolve_model_path(model))
+    # A LoRA checkpoint holds only an adapter: the shape is the base model's.
+    weights = checkpoint if checkpoint and not is_adapter_dir(checkpoint) else resolve_model_path(model)
+    config = AutoConfig.from_pretrained(weights)
     with torch.device("meta"):
         params = sum(p.numel() for p in AutoModelForCausalLM.from_config(config).parameters())
     text = config.get_text_config(decoder=True)

@@ -81,9 +81,15 @@ def _engine_tensors(model) -> dict[str, Any]:  # noqa: ANN001
     A tied checkpoint has no lm_head.weight, so vLLM's in-place reload never reaches the lm_head
     layer and restores its old tensors; on CPU that layer computes logits from its own packed copy
     of the old embedding, and outputs drift from HF after the first sync. So the engine runs untied
-    and always receives `lm_head.weight`.
+    and always receives `lm_head.weight`. A LoRA model's tensors are its merged weights under the
+    base model's names (coevo/train/lora.py `merged_state_dict`): vLLM serves a plain model.
     """
-    tensors = {name: t.detach() for name, t in model.state_dict().items()}
+    from coevo.train.lora import is_lora_model, merged_state_dict
+
+    if is_lora_model(model):
+        tensors = merged_state_dict(model)
+    else:
+        tensors = {name: t.detach() for name, t in model.state_dict().items()}
     out = model.get_output_embeddings()
     if "lm_head.weight" not in tensors and out is not None:
         tensors["lm_head.weight"] = out.weight.detach()

@@ -261,13 +261,15 @@ def check_lora(cfg: CoevoConfig) -> None:
     """`ranker.share_backbone=true` trains the solver's weights with the ranker's calls: no LoRA on either.
 
     A shared backbone under one adapter would make `ranker.lora` a second, ignored description
-    of the solver's adapter; refusing keeps one meaning per key.
+    of the solver's adapter; refusing keeps one meaning per key. Frozen roles ignore `lora`
+    (evaluation freezes all), and ranker modes none/oracle use no backbone.
     """
-    if not cfg.ranker.share_backbone:
+    if not cfg.ranker.share_backbone or cfg.ranker.mode not in (RankerMode.trainable, RankerMode.frozen):
         return
     for role in ("solver", "ranker"):
-        rank = getattr(cfg, role).lora.rank
-        if rank > 0:
+        policy = getattr(cfg, role)
+        rank = policy.lora.rank
+        if rank > 0 and not policy.frozen:
             raise ValueError(f"config key {role}.lora.rank={rank} with ranker.share_backbone=true: a shared backbone "
                              "trains full weights only; set ranker.share_backbone=false (each role its own adapter) "
                              f"or {role}.lora.rank=0")

@@ -6,7 +6,7 @@ import copy
 import pytest
 import torch
 
-from coevo.core.config import LoraConfig, PolicyConfig, compose, to_object
+from coevo.core.config import EvalRootConfig, LoraConfig, PolicyConfig, compose, to_object
 from coevo.core.grpo import sequence_token_logprobs
 from coevo.core.types import SamplingParams, TrainSequence
 from coevo.train.checkpoint import resumable_checkpoint, save_checkpoint, verify_checkpoint
@@ -196,6 +196,10 @@ def test_shared_backbone_with_lora_is_refused_naming_both_keys() -> None:
         with pytest.raises(ValueError, match=rf"config key {role}.lora.rank=8 with ranker.share_backbone=true"):
             to_object(compose(["ranker.share_backbone=true", f"{role}.lora.rank=8"]))
     assert to_object(compose(["ranker.share_backbone=false", "solver.lora.rank=8", "ranker.lora.rank=8"]))
+    # No trained backbone is shared: no ranker model, or every role frozen (evaluation).
+    assert to_object(compose(["ranker.share_backbone=true", "ranker.mode=none", "solver.lora.rank=8"]))
+    assert to_object(compose(["ranker.share_backbone=true", "solver.lora.rank=8"], config_name="eval"),
+                     EvalRootConfig)
 
 
 def test_vllm_receives_merged_base_plus_delta_weights(tiny) -> None:

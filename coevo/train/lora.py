@@ -107,6 +107,13 @@ def merged_state_dict(model: Any) -> dict[str, torch.Tensor]:
     return out
 
 
+def plain_state_dict(model: Any) -> dict[str, torch.Tensor]:
+    """`model`'s weights as a plain HF model holds them: merged for a LoRA model, else its own (detached)."""
+    if is_lora_model(model):
+        return merged_state_dict(model)
+    return {name: t.detach() for name, t in model.state_dict().items()}
+
+
 def load_adapter_weights(model: Any, directory: str | Path, role: str) -> None:
     """Load the adapter `Policy.save` wrote in `directory` into LoRA `model` (same rank, targets, layers)."""
     from peft import PeftConfig

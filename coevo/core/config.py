@@ -214,6 +214,7 @@ def validate_config(cfg: CoevoConfig) -> None:
                          f"{cfg.ranker.n_candidates}; expected top_k <= n_candidates")
     check_budgets(cfg)
     check_precision(cfg)
+    check_lora(cfg)
     solve = getattr(cfg, "solve", None)  # coevo.solve trains no proposer (solve.train=false: nothing, frozen)
     trained = {"proposer": solve is None and not cfg.proposer.frozen, "solver": not cfg.solver.frozen}
     for role in ("proposer", "solver"):
@@ -245,10 +246,33 @@ def check_precision(cfg: CoevoConfig) -> None:
     for role, policy in trained.items():
         if role == "ranker" and cfg.ranker.mode != RankerMode.trainable:
             continue  # no model (none, oracle) or a frozen one
-        if not policy.frozen and policy.dtype != DType.float32:
-            raise ValueError(f"config key {role}.dtype={policy.dtype}: a trainable {role} keeps fp32 master weights "
-                             f"and optimizer state (at lr 1e-6 bf16 weights barely move); expected {role}.dtype="
-                             f"float32 (compute runs in bf16 under autocast on CUDA) or {role}.frozen=true")
+        if policy.frozen or policy.dtype == DType.float32:
+            continue
+        # With LoRA the base is never stepped: it may be bf16; the adapter alone keeps fp32 weights.
+        if policy.lora.rank > 0 and policy.dtype == DType.bfloat16:
+            continue
+        raise ValueError(f"config key {role}.dtype={policy.dtype}: a trainable {role} keeps fp32 master weights "
+                         f"and optimizer state (at lr 1e-6 bf16 weights barely move); expected {role}.dtype="
+                         f"float32 (compute runs in bf16 under autocast on CUDA), {role}.dtype=bfloat16 with "
+                         f"{role}.lora.rank > 0 (a frozen bf16 base under an fp32 adapter) or {role}.frozen=true")
+
+
+def check_lora(cfg: CoevoConfig) -> None:
+    """`ranker.share_backbone=true` trains the solver's weights with the ranker's calls: no LoRA on either.
+
+    A shared backbone under one adapter would make `ranker.lora` a second, ignored description
+    of the solver's adapter; refusing keeps one meaning per key. Frozen roles ignore `lora`
+    (evaluation freezes all), and ranker modes none/oracle use no backbone.
+    """
+    if not cfg.ranker.share_backbone or cfg.ranker.mode not in (RankerMode.trainable, RankerMode.frozen):
+        return
+    for role in ("solver", "ranker"):
+        policy = getattr(cfg, role)
+        rank = policy.lora.rank
+        if rank > 0 and not policy.frozen:
+            raise ValueError(f"config key {role}.lora.rank={rank} with ranker.share_backbone=true: a shared backbone "
+                             "trains full weights only; set ranker.share_backbone=false (each role its own adapter) "
+                             f"or {role}.lora.rank=0")
 
 
 def resolve_frozen(cfg: CoevoConfig) -> None:

@@ -8,6 +8,8 @@ instantiated on torch's meta device: no weights are read):
 - `grads` and `optimizer` (trainable): gradients, and AdamW's two moments, in the parameter
   dtype as torch keeps them (2 x params x 4 bytes for the fp32 presets);
 - `reference` (trainable, kl_coef > 0): the frozen copy the KL term compares with;
+- with `lora.rank > 0` (`lora_params`), `grads` and `optimizer` count the fp32 adapter only,
+  `adapter` its weights, and there is no `reference` (the base with the adapter off is it);
 - `engine` (engine=vllm): the engine's share, `gpu_memory_utilization` x the device's memory
   (on CPU its KV cache plus its weight copy, see engines/vllm.py `_cpu_kv_cache_bytes`);
 - `engine_runtime` (vllm): the EngineCore and Worker processes themselves (`ENGINE_RUNTIME`);
@@ -15,7 +17,8 @@ instantiated on torch's meta device: no weights are read):
 - `activations` (trainable): the largest micro-batch's forward activations, saved for the
   backward pass: micro_batch_size x tokens x (layers x (18 hidden + 3 intermediate) x dtype
   bytes + vocab x 4 bytes of logits); tokens = solver.max_episode_tokens (the other roles'
-  sequences: prompt + completion, at most that long);
+  sequences: prompt + completion, at most that long); with `gradient_checkpointing` only each
+  layer's input (hidden x dtype bytes) is kept, plus one layer's activations while it recomputes;
 - `generation` (engine=hf): one generate call over every live row of a step (all episodes
   batched per turn), each `tokens` long: the KV cache (layers x 2 x kv_heads x head_dim) plus
   the prefill's intermediates of one layer (10 hidden + 5 intermediate), in the dtype;
@@ -51,7 +54,8 @@ class Term:
     """One amount of memory the run holds at its peak."""
 
     role: str  # proposer | solver | ranker | run
-    name: str  # weights grads optimizer reference engine engine_runtime sync_staging activations generation runtime
+    # weights adapter grads optimizer reference engine engine_runtime sync_staging activations generation runtime
+    name: str
     bytes: int
     device: str = "cpu"  # cpu | gpu: where it lives (a policy with num_gpus > 0 keeps its tensors on the GPU)
     note: str = ""  # how it was computed, for the refusal message
@@ -61,11 +65,26 @@ class Term:
         return self.name in TRANSIENT
 
 
-def activation_bytes(shape: ModelShape, dtype_bytes: int, micro_batch: int, tokens: int) -> int:
+def activation_bytes(shape: ModelShape, dtype_bytes: int, micro_batch: int, tokens: int,
+                     checkpointing: bool = False) -> int:
     """Forward activations kept for backward by one micro-batch, fp32 logits included."""
-    per_token = (shape.layers * (ACT_PER_HIDDEN * shape.hidden + ACT_PER_INTERMEDIATE * shape.intermediate)
-                 * dtype_bytes + shape.vocab * 4)
-    return max(1, micro_batch) * tokens * per_token
+    layer = ACT_PER_HIDDEN * shape.hidden + ACT_PER_INTERMEDIATE * shape.intermediate
+    kept = shape.layers * shape.hidden + layer if checkpointing else shape.layers * layer
+    return max(1, micro_batch) * tokens * (kept * dtype_bytes + shape.vocab * 4)
+
+
+def lora_params(shape: ModelShape, rank: int, targets: list[str]) -> int:
+    """Adapter parameters: rank x (in + out features) per wrapped projection and layer.
+
+    Projection sizes of a Llama/Qwen decoder (q and o taken as hidden wide); another name is
+    counted as hidden x hidden.
+    """
+    kv = shape.kv_heads * shape.head_dim
+    sizes = {"q_proj": (shape.hidden, shape.hidden), "k_proj": (shape.hidden, kv), "v_proj": (shape.hidden, kv),
+             "o_proj": (shape.hidden, shape.hidden), "gate_proj": (shape.hidden, shape.intermediate),
+             "up_proj": (shape.hidden, shape.intermediate), "down_proj": (shape.intermediate, shape.hidden)}
+    per_layer = sum(sum(sizes.get(t, (shape.hidden, shape.hidden))) for t in targets)
+    return shape.layers * rank * per_layer
 
 
 def generation_bytes(shape: ModelShape, dtype_bytes: int, rows: int, tokens: int) -> int:
@@ -85,11 +104,15 @@ def policy_terms(role: str, cfg: PolicyConfig, shape: ModelShape, tokens: int, e
     weights = shape.params * size
     terms = [Term(role, "weights", weights, device, f"{shape.params / 1e6:.3g}M params x {size} B")]
     if not cfg.frozen:
-        terms += [Term(role, "grads", weights, device),
-                  Term(role, "optimizer", 2 * weights, device, "AdamW: 2 moments"),
-                  Term(role, "activations", activation_bytes(shape, size, cfg.micro_batch_size, tokens), device,
-                       f"micro_batch_size {cfg.micro_batch_size} x {tokens} tokens")]
-        if cfg.kl_coef > 0:
+        lora = cfg.lora.rank > 0
+        trained = 4 * lora_params(shape, cfg.lora.rank, list(cfg.lora.target_modules)) if lora else weights
+        if lora:
+            terms.append(Term(role, "adapter", trained, device, f"LoRA rank {cfg.lora.rank}, fp32"))
+        act = activation_bytes(shape, size, cfg.micro_batch_size, tokens, bool(cfg.gradient_checkpointing))
+        terms += [Term(role, "grads", trained, device),
+                  Term(role, "optimizer", 2 * trained, device, "AdamW: 2 moments"),
+                  Term(role, "activations", act, device, f"micro_batch_size {cfg.micro_batch_size} x {tokens} tokens")]
+        if cfg.kl_coef > 0 and not lora:
             terms.append(Term(role, "reference", weights, device, f"kl_coef {cfg.kl_coef}"))
     if str(cfg.engine) == "hf" and rows > 0:
         terms.append(Term(role, "generation", generation_bytes(shape, size, rows, tokens), device,
@@ -221,7 +244,7 @@ def _hint(term: Term, cfg: CoevoConfig, excess: int, terms: list[Term]) -> str:
     if term.name == "activations":
         return _micro_batch_hint(terms, cfg, term.bytes - excess)
     if term.name in ("grads", "optimizer"):
-        return f"{role}.dtype=bfloat16, " + ("ranker.mode=frozen" if role == "ranker" else f"{role}.frozen=true")
+        return f"{role}.lora.rank=16, " + ("ranker.mode=frozen" if role == "ranker" else f"{role}.frozen=true")
     if term.name == "reference":
         return f"{role}.kl_coef=0"
     if term.name == "weights":

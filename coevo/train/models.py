@@ -168,15 +168,25 @@ def resolve_model_path(name: str) -> str:
 
 
 def load_model_and_tokenizer(name: str, dtype: str = "float32", checkpoint: Optional[str] = None) -> tuple[Any, Any]:
-    """Load (PreTrainedModel, tokenizer) for a preset/path/hub id; `checkpoint` overrides the weights."""
+    """Load (PreTrainedModel, tokenizer) for a preset/path/hub id; `checkpoint` overrides the weights.
+
+    A LoRA policy's checkpoint (a peft adapter directory) is merged into `name`'s weights: the
+    base comes from the config, not from the adapter's recorded path, which names the training
+    machine's cache. The result is a plain model either way.
+    """
     import torch
     from transformers import AutoModelForCausalLM, AutoTokenizer
+
+    from coevo.train.lora import is_adapter_dir, load_merged
 
     quiet_transformers_bars()
     path = checkpoint or resolve_model_path(name)
     torch_dtype = {"float32": torch.float32, "bfloat16": torch.bfloat16, "float16": torch.float16}[dtype]
     tok = AutoTokenizer.from_pretrained(path)
-    model = AutoModelForCausalLM.from_pretrained(path, dtype=torch_dtype)
+    if checkpoint and is_adapter_dir(checkpoint):
+        model = load_merged(resolve_model_path(name), checkpoint, torch_dtype)
+    else:
+        model = AutoModelForCausalLM.from_pretrained(path, dtype=torch_dtype)
     if tok.pad_token is None:
         # Padding is masked out everywhere; reusing EOS keeps the vocabulary unchanged.
         tok.pad_token = tok.eos_token

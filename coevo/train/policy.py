@@ -16,7 +16,17 @@
 - memory is bounded by one micro-batch, not the batch: old and reference log-probs are
   computed one micro-batch at a time under no_grad and kept as [b, T-1] floats on the CPU;
   each micro-batch is padded to its own longest sequence, put on the device only for its
-  forward/backward, and its logits and activations are released before the next one.
+  forward/backward, and its logits and activations are released before the next one;
+- `<role>.gradient_checkpointing=true`: HF's non-reentrant checkpointing recomputes each decoder
+  layer in backward instead of keeping its activations. It only works in train mode, so every
+  dropout probability is set to 0 at load (asserted) and the model is in train mode only for
+  a micro-batch's forward + backward (coevo/train/recompute.py): the function is unchanged;
+- `<role>.lora.rank > 0` (coevo/train/lora.py): the model is a peft LoRA model; the base weights
+  are frozen (and may be bf16), the fp32 adapter is all the optimizer sees; the KL reference is
+  the base with the adapter disabled (no copy); the HF engine generates through the peft model,
+  vLLM receives merged weights under the base names; checkpoints hold the adapter only. A
+  frozen policy ignores both keys (nothing trains). A `checkpoint` that is an adapter is merged
+  into the base at load (`load_model_and_tokenizer`), and a LoRA policy trains a new adapter on it.
 """
 from __future__ import annotations
 
@@ -36,9 +46,11 @@ from coevo.core.types import Completion, Engine, SamplingParams, TrainSequence
 from coevo.train.allocator import pin_mmap_threshold
 from coevo.train.checkpoint import OPTIMIZER_FILE
 from coevo.train.engines import build_engine
+from coevo.train.lora import apply_lora, hf_model, is_adapter_dir, load_adapter_weights
 from coevo.train.models import load_model_and_tokenizer
 from coevo.train.precision import bf16_compute, check_trainable_dtype, compute_context
 from coevo.train.preflight import require_gpus
+from coevo.train.recompute import enable_gradient_checkpointing, train_mode
 
 
 class Policy:
@@ -46,13 +58,23 @@ class Policy:
 
     def __init__(self, cfg: PolicyConfig, model, tokenizer, role: str = "policy",  # noqa: ANN001
                  engine: Optional[Engine] = None) -> None:
-        check_trainable_dtype(model, role, bool(cfg.frozen))
         self.cfg = cfg
         self.role = role
-        self.model = model.eval()
-        self.tokenizer = tokenizer
         self.frozen = bool(cfg.frozen)
+        # A frozen policy never steps: an adapter or recomputation would change nothing but its cost.
+        self.lora = not self.frozen and int(cfg.lora.rank) > 0
+        self.checkpointing = not self.frozen and bool(cfg.gradient_checkpointing)
+        if self.checkpointing:
+            enable_gradient_checkpointing(model, role)  # on the HF model, before peft wraps it
+        if self.lora:
+            model = apply_lora(model, cfg.lora, role)
+        check_trainable_dtype(model, role, self.frozen)
+        self.model = model.eval()
+        self.net = hf_model(self.model)  # forward passes: the HF model, whose LoRA layers (if any) run the adapter
+        self.tokenizer = tokenizer
         self.ref_model = None
+        # With LoRA the reference is the base itself, adapter disabled: no copy of the weights.
+        self.has_reference = not self.frozen and cfg.kl_coef > 0
         self.optimizer: Optional[torch.optim.Optimizer] = None
         if self.frozen:
             self.model.requires_grad_(False)
@@ -60,7 +82,7 @@ class Policy:
             # Freed activations must go back to the system, or every update leaves the process
             # larger (coevo/train/allocator.py has the numbers).
             pin_mmap_threshold()
-            if cfg.kl_coef > 0:
+            if self.has_reference and not self.lora:
                 self.ref_model = copy.deepcopy(model).eval().requires_grad_(False)
                 if bf16_compute(cfg, self.device):  # never stepped: bf16 halves it and computes as the policy does
                     self.ref_model.to(torch.bfloat16)
@@ -172,14 +194,21 @@ class Policy:
             old, filled = mb["old"], bool(mb["has_old"].all())
             with self.compute():
                 if not filled and int(self.cfg.ppo_epochs) > 1:
-                    current = sequence_token_logprobs(self.model, mb["ids"], mb["attn"], positions=mb["mask"])
+                    current = sequence_token_logprobs(self.net, mb["ids"], mb["attn"], positions=mb["mask"])
                     old, filled = torch.where(mb["has_old"].unsqueeze(-1), old, current), True
                 logps = {"old": old.float().cpu(), "old_filled": filled}
-                if self.ref_model is not None:
-                    logps["ref"] = sequence_token_logprobs(self.ref_model, mb["ids"], mb["attn"],
-                                                           positions=mb["mask"]).float().cpu()
+                if self.has_reference:
+                    logps["ref"] = self._reference_logprobs(mb).float().cpu()
             out.append(logps)
         return out
+
+    def _reference_logprobs(self, mb: dict) -> torch.Tensor:
+        """Log-probs of micro-batch `mb` under the KL reference: the base with the adapter off, else the copy."""
+        if self.lora:
+            with self.model.disable_adapter():
+                return sequence_token_logprobs(self.net, mb["ids"], mb["attn"], positions=mb["mask"])
+        assert self.ref_model is not None
+        return sequence_token_logprobs(self.ref_model, mb["ids"], mb["attn"], positions=mb["mask"])
 
     def _micro_step(self, seqs: list[TrainSequence], logps: dict, n_tokens: int) -> tuple[float, float, float]:
         """Forward + backward of one micro-batch (gradients accumulate); returns (pg, kl, clipped tokens).
@@ -190,17 +219,19 @@ class Policy:
         cfg = self.cfg
         mb = self._tensors(seqs)
         old = logps["old"].to(self.device)
-        with self.compute():  # forward in bf16 on CUDA; the loss math below runs on fp32 log-probs
-            lp = sequence_token_logprobs(self.model, mb["ids"], mb["attn"], positions=mb["mask"]).float()
-        if not logps["old_filled"]:  # one epoch: the old policy is these weights (ratio 1 at the step)
-            old = torch.where(mb["has_old"].unsqueeze(-1), old, lp.detach())
-        pg, m = clipped_surrogate_loss(lp, old, mb["adv"], mb["mask"], cfg.clip_eps, denom=n_tokens)
-        loss, kl_value = pg, 0.0
-        if self.ref_model is not None:
-            kl = masked_mean(k3_kl(lp, logps["ref"].to(self.device), mb["mask"]), mb["mask"], denom=n_tokens)
-            loss = loss + cfg.kl_coef * kl
-            kl_value = float(kl.detach())
-        loss.backward()  # outside autocast, as torch recommends: gradients land on the fp32 master weights
+        # Checkpointed layers recompute in backward only in train mode; their dropout is 0 (recompute.py).
+        with train_mode(self.model, self.checkpointing):
+            with self.compute():  # forward in bf16 on CUDA; the loss math below runs on fp32 log-probs
+                lp = sequence_token_logprobs(self.net, mb["ids"], mb["attn"], positions=mb["mask"]).float()
+            if not logps["old_filled"]:  # one epoch: the old policy is these weights (ratio 1 at the step)
+                old = torch.where(mb["has_old"].unsqueeze(-1), old, lp.detach())
+            pg, m = clipped_surrogate_loss(lp, old, mb["adv"], mb["mask"], cfg.clip_eps, denom=n_tokens)
+            loss, kl_value = pg, 0.0
+            if "ref" in logps:
+                kl = masked_mean(k3_kl(lp, logps["ref"].to(self.device), mb["mask"]), mb["mask"], denom=n_tokens)
+                loss = loss + cfg.kl_coef * kl
+                kl_value = float(kl.detach())
+            loss.backward()  # outside autocast, as torch recommends: gradients land on the fp32 master weights
         return float(pg.detach()), kl_value, m["clip_frac"] * m["n_tokens"]
 
     def _epoch(self, groups: list[list[TrainSequence]], logps: list[dict], n_tokens: int) -> dict:
@@ -251,7 +282,11 @@ class Policy:
     # ---- checkpoints ------------------------------------------------------------------------
 
     def save(self, directory: str | Path) -> Path:
-        """Write model + tokenizer (HF format) and optimizer state to `directory`, atomically."""
+        """Write model + tokenizer (HF format) and optimizer state to `directory`, atomically.
+
+        A LoRA policy writes its adapter only (peft's adapter_config.json + adapter_model.safetensors):
+        the base is the config's `model`, unchanged by training.
+        """
         with atomic_dir(directory) as tmp:
             self.model.save_pretrained(tmp)
             self.tokenizer.save_pretrained(tmp)
@@ -264,22 +299,33 @@ class Policy:
 
         The reference stays the initial model on purpose: resuming must not move the KL anchor.
         A trainable policy's directory without optimizer state is an error: a fresh AdamW would
-        restart its moment estimates and silently change the run.
+        restart its moment estimates and silently change the run. A LoRA policy loads its adapter
+        (the base stays as loaded); an adapter directory and a full model do not stand in for each other.
         """
-        from transformers import AutoModelForCausalLM
-
         directory = Path(directory)
         opt_path = directory / OPTIMIZER_FILE
         if self.optimizer is not None and not opt_path.is_file():
             raise FileNotFoundError(f"{opt_path} is missing: the trainable {self.role} cannot resume without its "
                                     "optimizer state")
+        if self.lora:
+            load_adapter_weights(self.model, directory, self.role)
+        else:
+            self._load_full(directory)
+        if self.optimizer is not None:
+            self.optimizer.load_state_dict(torch.load(opt_path, map_location=self.device, weights_only=True))
+        self.engine.sync_weights(self.model)
+
+    def _load_full(self, directory: Path) -> None:
+        """Copy the weights of the full HF model in `directory` into this policy's model."""
+        from transformers import AutoModelForCausalLM
+
+        if is_adapter_dir(directory):
+            raise ValueError(f"{directory} holds a LoRA adapter but {self.role}.lora.rank=0 (full fine-tuning); set "
+                             f"{self.role}.lora.rank to the adapter's rank to resume it")
         dtype = next(self.model.parameters()).dtype
         loaded = AutoModelForCausalLM.from_pretrained(directory, dtype=dtype)
         self.model.load_state_dict(loaded.state_dict())
         del loaded
-        if self.optimizer is not None:
-            self.optimizer.load_state_dict(torch.load(opt_path, map_location=self.device, weights_only=True))
-        self.engine.sync_weights(self.model)
 
 
 def _check_sequence(s: TrainSequence) -> None:

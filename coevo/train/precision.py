@@ -6,7 +6,8 @@ significant bits: a weight of 0.02 moves only by 1.2e-4 or more), so bf16 weight
 98% of their values unchanged per step and the run learns almost nothing
 (tests/coevo/train/test_policy.py measures both). Compute runs in bf16 under autocast on a
 single CUDA device that supports it (`<role>.bf16_autocast`); on the CPU it stays plain fp32.
-Frozen policies and the KL reference are never stepped, so they may hold bf16 weights.
+Frozen policies and the KL reference are never stepped, so they may hold bf16 weights; so may
+the frozen base of a LoRA policy (`<role>.lora.rank > 0`), whose trainable adapter is fp32.
 """
 from __future__ import annotations
 

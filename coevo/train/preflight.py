@@ -2,7 +2,8 @@
 
 `check_models` looks at each loaded role's model (`memory.loaded_policies`: proposer, solver,
 ranker, as the actors load them) without loading it:
-- `checkpoint`: the role's `checkpoint` directory (it replaces the preset's weights);
+- `checkpoint`: the role's `checkpoint` directory (it replaces the preset's weights; a LoRA adapter
+  checkpoint is only the adapter, so its base, `model`, is located as below);
 - `embedded`: `smollm2-135m` / `tiny-random`, built into $COEVO_CACHE on first use;
 - `local`: a directory given as `model`;
 - `cached`: a hub id whose config and weights are all in the hub cache;
@@ -135,9 +136,14 @@ def locate(role: str, policy: PolicyConfig) -> ModelSource:
         return ModelSource(role, str(policy.preset), str(policy.model), kind, detail)
 
     if policy.checkpoint:
+        from coevo.train.lora import is_adapter_dir
+
         path = Path(policy.checkpoint).expanduser()
-        return source("checkpoint", str(path)) if path.is_dir() else \
-            source("missing", f"checkpoint directory {policy.checkpoint} does not exist")
+        if not path.is_dir():
+            return source("missing", f"checkpoint directory {policy.checkpoint} does not exist")
+        if not is_adapter_dir(path):
+            return source("checkpoint", str(path))
+        # A LoRA checkpoint holds only the adapter: the base weights come from `model`, located below.
     if policy.model in EMBEDDED:
         path = embedded_path(policy.model)
         return source("embedded", str(path) if path.exists() else f"built into {path} on first use")

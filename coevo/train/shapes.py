@@ -11,6 +11,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Any, Optional
 
+from coevo.train.lora import is_adapter_dir
 from coevo.train.models import resolve_model_path
 
 # Public config.json values of the hub models the shipped presets name (configs/model/*.yaml).
@@ -60,9 +61,11 @@ def meta_model(model: str, checkpoint: Optional[str] = None) -> Any:
     import torch
     from transformers import AutoConfig, AutoModelForCausalLM
 
-    config = None if checkpoint else public_config(model)
+    # A LoRA checkpoint holds only an adapter: the shape is the base model's.
+    weights = checkpoint if checkpoint and not is_adapter_dir(checkpoint) else None
+    config = None if weights else public_config(model)
     if config is None:
-        config = AutoConfig.from_pretrained(checkpoint or resolve_model_path(model))
+        config = AutoConfig.from_pretrained(weights or resolve_model_path(model))
     with torch.device("meta"):
         return AutoModelForCausalLM.from_config(config)
 

@@ -30,6 +30,7 @@ import torch
 from transformers import GenerationConfig, LogitsProcessor, StoppingCriteria
 
 from coevo.core.types import Completion, SamplingParams
+from coevo.train.lora import hf_model
 
 
 class _LogprobRecorder(LogitsProcessor):
@@ -153,16 +154,18 @@ class HFEngine:
             attention[i, width - len(r):] = 1
         recorder = _LogprobRecorder()
         stopper = _StopStrings(self.tokenizer, list(sampling.stop), width, len(rows))
-        saved = self.model.generation_config
+        # A peft (LoRA) model generates through its wrapper, but the defaults live on the HF model inside.
+        holder = hf_model(self.model)
+        saved = holder.generation_config
         # A checkpoint's generation_config (top_k, repetition_penalty, ...) would silently fill
         # every field we leave unset; a blank one keeps SamplingParams authoritative.
-        self.model.generation_config = GenerationConfig()
+        holder.generation_config = GenerationConfig()
         try:
             out = self.model.generate(input_ids=input_ids.to(device), attention_mask=attention.to(device),
                                       generation_config=self._generation_config(sampling),
                                       logits_processor=[recorder], stopping_criteria=[stopper])
         finally:
-            self.model.generation_config = saved
+            holder.generation_config = saved
         generated = out.sequences[:, width:].cpu()
         logprobs = recorder.finish(out.sequences)
         return [self._completion(rows[i], generated[i].tolist(), logprobs[i].tolist(), stopper.stop_len[i])

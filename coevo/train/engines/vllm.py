@@ -11,7 +11,7 @@ Same semantics as `coevo.train.engines.hf.HFEngine` (docs/vllm.md has the table)
 - `logprobs[i]`: raw model log-prob of `token_ids[i]` before temperature/top-p (`logprobs_mode="raw_logprobs"`);
 - `max_model_len` = the role's max_prompt_tokens + max_new_tokens (core/budget.py), checked against the model.
 
-Weight sync (`sync_weights(model)`, called by `Policy.update` after every optimizer step):
+Weight sync (`sync_weights(model)`, called by `Policy.update` after every optimizer step; LoRA: merged weights):
 - `weight_sync="tmpfs"` (default, any platform): a safetensors file (deleted once read) in this engine's dir under
   `/dev/shm`, then `collective_rpc("reload_weights", kwargs={"weights_path": dir})` and `reset_prefix_cache()`:
   vLLM's loader redoes its weight repacking (loading tensors straight into `model.load_weights` fails on CPU).
@@ -49,6 +49,7 @@ from coevo.core.console import children_print_to_log
 from coevo.core.lifetime import reap_with_owner
 from coevo.core.types import Completion, SamplingParams
 from coevo.train.engines.vllm_compat import INSTALL_HINT, check_weight_sync_api, require_vllm  # noqa: F401
+from coevo.train.lora import plain_state_dict
 from coevo.train.precision import serving_dtype
 
 WEIGHT_SYNC_MODES = ("tmpfs", "ipc")
@@ -71,11 +72,10 @@ def _engine_tensors(model) -> dict[str, Any]:  # noqa: ANN001
     A tied checkpoint has no lm_head.weight, so vLLM's in-place reload never reaches the lm_head
     layer and restores its old tensors; on CPU that layer computes logits from its own packed copy
     of the old embedding, and outputs drift from HF after the first sync. So the engine runs untied
-    and always receives `lm_head.weight`.
+    and always receives `lm_head.weight`. A LoRA model gives its merged weights (`plain_state_dict`).
     """
-    tensors = {name: t.detach() for name, t in model.state_dict().items()}
-    out = model.get_output_embeddings()
-    if "lm_head.weight" not in tensors and out is not None:
+    tensors = plain_state_dict(model)
+    if "lm_head.weight" not in tensors and (out := model.get_output_embeddings()) is not None:
         tensors["lm_head.weight"] = out.weight.detach()
     return tensors
 

@@ -16,6 +16,7 @@ from coevo.train.memory import (
     generated_rows,
     generation_bytes,
     loaded_policies,
+    lora_params,
     model_shape,
     peak_bytes,
     policy_terms,
@@ -58,6 +59,25 @@ def test_trainable_policy_terms():
                      "activations": 2 * 10 * 12688, "generation": 3 * 10 * 1408 * 4}
     no_kl = _by_name(policy_terms("solver", _policy(dtype="bfloat16"), SHAPE, tokens=10, engine_share_of=0))
     assert no_kl["weights"] == 2000 and no_kl["optimizer"] == 4000 and "reference" not in no_kl
+
+
+def test_lora_and_checkpointing_policy_terms():
+    from coevo.core.config import LoraConfig
+
+    # rank 2 over q (64+64), k and v (64+32 each), down (128+64): 2 layers x 2 x 512
+    assert lora_params(SHAPE, 2, ["q_proj", "k_proj", "v_proj", "down_proj"]) == 2 * 2 * 512
+    lora = LoraConfig(rank=2, target_modules=["q_proj", "k_proj", "v_proj", "down_proj"])
+    cfg = _policy(kl_coef=0.1, dtype="bfloat16", lora=lora, gradient_checkpointing=True)
+    terms = _by_name(policy_terms("solver", cfg, SHAPE, tokens=10, engine_share_of=0))
+    adapter = 4 * 2 * 2 * 512  # fp32
+    # checkpointing keeps each layer's input (2 x 64) plus one layer's activations (18 x 64 + 3 x 128), bf16
+    assert terms == {"weights": 2000, "adapter": adapter, "grads": adapter, "optimizer": 2 * adapter,
+                     "activations": 2 * 10 * ((2 * 64 + 18 * 64 + 3 * 128) * 2 + 400)}  # no reference copy
+
+
+def test_model_shape_of_an_adapter_checkpoint_is_the_base(tiny_dir, tmp_path):
+    (tmp_path / "adapter_config.json").write_text("{}")
+    assert model_shape(str(tiny_dir), checkpoint=str(tmp_path)) == model_shape(str(tiny_dir))
 
 
 def test_frozen_and_vllm_policy_terms():

@@ -74,6 +74,12 @@ def test_locate_each_kind_of_model(tmp_path, hub_cache):
     assert (gone.kind, gone.detail) == ("missing", f"directory {tmp_path / 'nope'} does not exist")
     ckpt = locate("solver", cfg_with(f"solver.checkpoint={tmp_path / 'ckpt'}").solver)
     assert ckpt.kind == "missing" and "solver.checkpoint=<a directory that exists>" in ckpt.failure()
+    (tmp_path / "full").mkdir()
+    assert locate("solver", cfg_with(f"solver.checkpoint={tmp_path / 'full'}").solver).kind == "checkpoint"
+    (tmp_path / "adapter").mkdir()
+    (tmp_path / "adapter" / "adapter_config.json").write_text("{}")  # a LoRA checkpoint: its base must be found too
+    adapter = cfg_with("solver=qwen2.5-7b", f"solver.checkpoint={tmp_path / 'adapter'}")
+    assert locate("solver", adapter.solver).kind == "download"
     hub = cfg_with("solver=qwen2.5-7b")
     assert (locate("solver", hub.solver).kind, locate("solver", hub.solver).preset) == ("download", "qwen2.5-7b")
     snap = fake_snapshot(hub_cache, REPO, ["config.json", "model.safetensors"])

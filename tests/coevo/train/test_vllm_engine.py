@@ -195,6 +195,28 @@ def test_weights_sync_in_place_after_grpo_update(engine, hf, model_dir: Path) ->
     assert _ids(engine.generate(prompts, GREEDY)) == _ids(before)
 
 
+def test_lora_policy_syncs_merged_weights(engine, hf, model_dir: Path) -> None:  # noqa: ANN001
+    """A LoRA policy's update reaches vLLM as merged weights: vLLM then generates as HF through the adapter."""
+    from coevo.core.config import LoraConfig
+
+    model, tok = hf
+    prompts = _prompts(tok)
+    before = engine.generate(prompts, GREEDY)
+    policy = Policy(_cfg(lr=0.05, lora=LoraConfig(rank=8, alpha=16.0)), model, tok, engine=engine)
+    sampled = engine.generate(prompts, SamplingParams(temperature=1.0, max_new_tokens=8, n=2, seed=1))
+    batch = [TrainSequence.from_completion(c, advantage=1.0 if j == 0 else -1.0)
+             for cs in sampled for j, c in enumerate(cs)]
+    policy.update(batch)
+    after = engine.generate(prompts, GREEDY)
+    assert _ids(after) == _ids(HFEngine(policy.model, tok).generate(prompts, GREEDY))  # HF through the peft model
+    assert _ids(after) != _ids(before)
+    from coevo.train.models import load_model_and_tokenizer
+
+    original, _ = load_model_and_tokenizer(str(model_dir))
+    engine.sync_weights(original)
+    assert _ids(engine.generate(prompts, GREEDY)) == _ids(before)
+
+
 def test_cpu_limits_are_clear_errors(tmp_path: Path) -> None:
     from coevo.train.engines.vllm import VLLMEngine, require_vllm
     from coevo.train.models import build_tiny_random, load_model_and_tokenizer

@@ -7,7 +7,9 @@
 The model is built from its config (a preset's public config values, coevo/train/shapes.py,
 or a local directory's config.json) with random weights: nothing is downloaded. `--tokens BxT`:
 B sequences of T tokens, the last `--completion` of each loss-masked, advantages +1/-1, no
-stored old log-probs (the on-policy path). `--mode lora` trains a rank-`--rank` adapter over
+stored old log-probs (the on-policy path). `--group G`: each G consecutive sequences share their
+prompt, as a GRPO group's rollouts do (`--no-shared-prompt` runs every row's prompt anyway).
+`--mode lora` trains a rank-`--rank` adapter over
 a bf16 base. Prints ONE JSON line:
     {"model", "mode", "device", "tokens", "micro_batch_size", "checkpointing", "params",
      "trained_params", "update_s", "tokens_per_s", "peak_mem_gb", "planner_gb", "planner_terms_gb"}
@@ -49,6 +51,8 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     parser.add_argument("--tokens", default="8x4096", help="BxT: B sequences of T tokens")
     parser.add_argument("--completion", type=int, default=512, help="loss-masked tokens at the end of each sequence")
     parser.add_argument("--micro-batch", type=int, default=1)
+    parser.add_argument("--group", type=int, default=1, help="sequences per shared prompt (a GRPO group)")
+    parser.add_argument("--no-shared-prompt", action="store_true", help="solver.shared_prompt=false")
     parser.add_argument("--checkpointing", action="store_true", help="gradient checkpointing")
     parser.add_argument("--kl", type=float, default=0.001, help="kl_coef (> 0: a reference copy, or LoRA's base)")
     parser.add_argument("--device", default="cuda" if torch.cuda.is_available() else "cpu")
@@ -60,7 +64,8 @@ def role_config(args: argparse.Namespace, seq_len: int) -> tuple:
     model_override = [f"solver={args.model}"] if (_ROOT / "configs/model" / f"{args.model}.yaml").exists() \
         else [f"solver.model={args.model}"]
     overrides = model_override + [
-        f"solver.micro_batch_size={args.micro_batch}", f"solver.kl_coef={args.kl}", "solver.lr=1e-6",
+        f"solver.micro_batch_size={args.micro_batch}",
+        f"solver.shared_prompt={str(not args.no_shared_prompt).lower()}", f"solver.kl_coef={args.kl}", "solver.lr=1e-6",
         f"solver.gradient_checkpointing={str(args.checkpointing).lower()}", f"solver.max_episode_tokens={seq_len}",
         f"solver.max_prompt_tokens={seq_len}", "solver.max_turns=1", f"solver.max_new_tokens={args.completion}",
         f"solver.num_gpus={1 if args.device.startswith('cuda') else 0}", "rollout=hf", "run.plan_check=false"]
@@ -78,11 +83,14 @@ def build_model(name: str, dtype: torch.dtype, device: str) -> torch.nn.Module:
         return AutoModelForCausalLM.from_config(config, dtype=dtype)
 
 
-def batch(n: int, length: int, completion: int, vocab: int) -> list[TrainSequence]:
+def batch(n: int, length: int, completion: int, vocab: int, group: int = 1) -> list[TrainSequence]:
+    """`n` random sequences; each `group` consecutive ones share their prompt (the first length - completion tokens)."""
     rng = random.Random(0)
     prompt = max(1, length - completion)
-    return [TrainSequence([rng.randrange(1, vocab) for _ in range(length)], [0] * prompt + [1] * (length - prompt),
-                          advantage=1.0 if i % 2 == 0 else -1.0) for i in range(n)]
+    prompts = [[rng.randrange(1, vocab) for _ in range(prompt)] for _ in range(0, n, max(1, group))]
+    return [TrainSequence(prompts[i // max(1, group)] + [rng.randrange(1, vocab) for _ in range(length - prompt)],
+                          [0] * prompt + [1] * (length - prompt), advantage=1.0 if i % 2 == 0 else -1.0)
+            for i in range(n)]
 
 
 def peak_gb(device: str) -> float:
@@ -99,7 +107,7 @@ def main(argv: list[str] | None = None) -> dict:
     shape, adapter = shape_of(model), adapter_parameters(model, policy_cfg.lora)  # before any adapter is added
     tokenizer = _build_tiny_tokenizer()  # only its pad id is read: the batch is token ids already
     policy = Policy(policy_cfg, model, tokenizer, role="solver")
-    seqs = batch(n, length, args.completion, shape.vocab)
+    seqs = batch(n, length, args.completion, shape.vocab, args.group)
     if args.device.startswith("cuda"):
         torch.cuda.synchronize()
         torch.cuda.reset_peak_memory_stats()
@@ -114,7 +122,8 @@ def main(argv: list[str] | None = None) -> dict:
     terms = {**counted, "update": plan.transient["update"]}
     trained = sum(p.numel() for p in policy.model.parameters() if p.requires_grad)
     return {"model": args.model, "mode": args.mode, "device": args.device, "tokens": args.tokens,
-            "micro_batch_size": args.micro_batch, "checkpointing": args.checkpointing, "params": shape.params,
+            "micro_batch_size": args.micro_batch, "group": args.group, "shared_prompt": not args.no_shared_prompt,
+            "checkpointing": args.checkpointing, "params": shape.params,
             "trained_params": trained, "update_s": round(update_s, 2), "tokens_per_s": round(n * length / update_s, 1),
             "peak_mem_gb": round(peak_gb(args.device), 2), "planner_gb": round(planner / GB, 2),
             "planner_terms_gb": {k: round(v / GB, 2) for k, v in terms.items()}, "grad_norm": metrics.get("grad_norm")}

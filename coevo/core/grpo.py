@@ -128,7 +128,8 @@ HEAD_ON_POSITIONS_TYPES = frozenset({"llama", "qwen2", "qwen3", "mistral"})
 
 
 def sequence_token_logprobs(model: torch.nn.Module, input_ids: Tensor, attention_mask: Tensor,
-                            chunk_size: int = LOGPROB_CHUNK, positions: Optional[Tensor] = None) -> Tensor:
+                            chunk_size: int = LOGPROB_CHUNK, positions: Optional[Tensor] = None,
+                            prefix_len: int = 0) -> Tensor:
     """Log-probs of each next token under `model`: out[b, t] = log p(input_ids[b, t+1] | input_ids[b, :t+1]).
 
     input_ids, attention_mask: [B, T] (left or right padding; positions are derived from the
@@ -140,10 +141,20 @@ def sequence_token_logprobs(model: torch.nn.Module, input_ids: Tensor, attention
     rest of `out` is 0. For `HEAD_ON_POSITIONS_TYPES` the LM head then runs on those positions
     alone -- with prompts most of a sequence, that skips most of the head's [T, V] matmul and
     log-softmax in the forward and the backward; the wanted values are the same.
+
+    prefix_len: P > 0 when every row starts with the same P real tokens (right padding) and no
+    wanted position lies before P (`shared_prefix_len` gives the largest such P). With
+    `positions` on a `HEAD_ON_POSITIONS_TYPES` model, the prefix then runs once as a batch of
+    one and its keys/values are repeated for the rows: G rollouts of one prompt cost one prompt
+    forward (and backward: gradients reach the weights through the shared keys/values), not G.
+    Values and gradients equal the unshared forward's within float tolerance. Ignored otherwise.
     """
     position_ids = (attention_mask.long().cumsum(-1) - 1).clamp(min=0)
     model_type = getattr(getattr(model, "config", None), "model_type", None)
     if positions is not None and model_type in HEAD_ON_POSITIONS_TYPES:
+        if prefix_len > 0 and input_ids.shape[0] > 1:
+            return _logprobs_shared_prefix(model, input_ids, attention_mask, position_ids, positions.bool(),
+                                           int(prefix_len), chunk_size)
         return _logprobs_on_positions(model, input_ids, attention_mask, position_ids, positions.bool(), chunk_size)
     logits = model(input_ids=input_ids, attention_mask=attention_mask, position_ids=position_ids,
                    use_cache=False).logits
@@ -163,6 +174,43 @@ def _logprobs_on_positions(model: torch.nn.Module, input_ids: Tensor, attention_
     values = token_logprobs(logits, input_ids[:, 1:][selected], chunk_size)
     out = torch.zeros(selected.shape, dtype=values.dtype, device=values.device)
     out[selected] = values
+    return out
+
+
+def shared_prefix_len(input_ids: Tensor, attention_mask: Tensor, positions: Tensor) -> int:
+    """Largest P for `sequence_token_logprobs(prefix_len=P)`: 0 when the rows share nothing usable.
+
+    input_ids, attention_mask: [B, T]; positions: [B, T-1] wanted log-prob positions. P is the
+    rows' common run of identical real tokens, ended before the first wanted position: the
+    hidden state at a wanted position t (which predicts token t+1) must come from the rows' own
+    forward, so P <= t for every wanted t.
+    """
+    if input_ids.shape[0] < 2:
+        return 0
+    same = (input_ids == input_ids[:1]).all(0) & attention_mask.bool().all(0)  # [T]
+    common = int(same.long().cumprod(0).sum())
+    wanted = positions.bool().any(0).nonzero()
+    first_wanted = int(wanted[0]) if len(wanted) else positions.shape[1]
+    return min(common, first_wanted)
+
+
+def _logprobs_shared_prefix(model: torch.nn.Module, input_ids: Tensor, attention_mask: Tensor,
+                            position_ids: Tensor, selected: Tensor, prefix_len: int, chunk_size: int) -> Tensor:
+    """`_logprobs_on_positions` with the rows' common first `prefix_len` tokens run once and their KV shared."""
+    p = prefix_len
+    if bool(selected[:, :p].any()) or not bool((input_ids[:, :p] == input_ids[:1, :p]).all()):
+        raise ValueError(f"prefix_len={p}: the rows differ in their first {p} tokens or want a log-prob there")
+    base = model.base_model
+    cache = base(input_ids=input_ids[:1, :p], attention_mask=attention_mask[:1, :p], position_ids=position_ids[:1, :p],
+                 use_cache=True).past_key_values
+    cache.batch_repeat_interleave(input_ids.shape[0])  # [1, ...] -> [B, ...] keys/values, still in the graph
+    hidden = base(input_ids=input_ids[:, p:], attention_mask=attention_mask, position_ids=position_ids[:, p:],
+                  past_key_values=cache, use_cache=True).last_hidden_state  # [B, T-p, H]: positions p..T-1
+    sel = selected[:, p:]  # [B, T-1-p]: hidden[:, s] predicts token p+s+1
+    logits = model.get_output_embeddings()(hidden[:, :-1][sel])
+    values = token_logprobs(logits, input_ids[:, p + 1:][sel], chunk_size)
+    out = torch.zeros(selected.shape, dtype=values.dtype, device=values.device)
+    out[:, p:][sel] = values
     return out
 
 

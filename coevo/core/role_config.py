@@ -53,6 +53,7 @@ class PolicyConfig:
     keep_zero_advantage: bool = False  # keep A=0 sequences in the batch: they count in the token mean and get KL
     grad_clip: float = 1.0  # max global grad norm
     micro_batch_size: int = 4  # sequences per forward/backward
+    shared_prompt: bool = True  # rows of a micro-batch with one prompt run it once (same math, less compute)
     ppo_epochs: int = 1  # passes over one batch of rollouts per update
     temperature: float = 1.0  # sampling temperature during training rollouts
     top_p: float = 1.0  # nucleus sampling threshold

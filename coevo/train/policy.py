@@ -13,6 +13,11 @@
 - compute: the LM head runs only on loss-masked positions (`sequence_token_logprobs`'s
   `positions`), and with one epoch missing old log-probs are the trained forward's own,
   detached (on-policy: ratio 1 at the only step), so an update costs one forward + backward;
+- `<role>.shared_prompt` (default on): sequences with one prompt (a GRPO group's rollouts)
+  fill micro-batches together, and a micro-batch whose rows share a prompt runs it once as a
+  batch of one with its keys/values repeated for the rows (`grpo.sequence_token_logprobs`'s
+  `prefix_len`): same values and gradients, the prompt's compute paid once per micro-batch
+  instead of once per row. Off with gradient checkpointing (HF drops the cache in train mode);
 - memory is bounded by one micro-batch, not the batch: old and reference log-probs are
   computed one micro-batch at a time under no_grad and kept as [b, T-1] floats on the CPU;
   each micro-batch is padded to its own longest sequence, put on the device only for its
@@ -39,7 +44,7 @@ import torch
 
 from coevo.core.budget import check_prompts_fit
 from coevo.core.config import PolicyConfig
-from coevo.core.grpo import clipped_surrogate_loss, k3_kl, masked_mean, sequence_token_logprobs
+from coevo.core.grpo import clipped_surrogate_loss, k3_kl, masked_mean, sequence_token_logprobs, shared_prefix_len
 from coevo.core.io import atomic_dir
 from coevo.core.stages import stage
 from coevo.core.types import Completion, Engine, SamplingParams, TrainSequence
@@ -64,6 +69,8 @@ class Policy:
         # A frozen policy never steps: an adapter or recomputation would change nothing but its cost.
         self.lora = not self.frozen and int(cfg.lora.rank) > 0
         self.checkpointing = not self.frozen and bool(cfg.gradient_checkpointing)
+        # HF's checkpointed layers run without a KV cache in train mode, so no prompt can be shared then.
+        self.shared_prompt = bool(cfg.shared_prompt) and not self.checkpointing
         if self.checkpointing:
             enable_gradient_checkpointing(model, role)  # on the HF model, before peft wraps it
         if self.lora:
@@ -150,16 +157,31 @@ class Policy:
     # ---- training ---------------------------------------------------------------------------
 
     def _micro_batches(self, batch: list[TrainSequence]) -> list[list[TrainSequence]]:
-        """`batch` split into micro-batches of `micro_batch_size`; similar lengths share one to waste little padding."""
-        order = sorted(range(len(batch)), key=lambda i: len(batch[i].input_ids), reverse=True)
+        """`batch` split into micro-batches of `micro_batch_size`; similar lengths share one to waste little padding.
+
+        With `shared_prompt`, sequences with the same prompt (tokens before the first loss-masked
+        one) are chunked together first, so those micro-batches can run their prompt once.
+        """
         size = max(1, int(self.cfg.micro_batch_size))
-        return [[batch[i] for i in order[start:start + size]] for start in range(0, len(order), size)]
+        order = sorted(range(len(batch)), key=lambda i: len(batch[i].input_ids), reverse=True)
+        if not self.shared_prompt or size == 1:
+            return [[batch[i] for i in order[start:start + size]] for start in range(0, len(order), size)]
+        families: dict[tuple, list[int]] = {}
+        for i in order:
+            families.setdefault(_prompt_key(batch[i]), []).append(i)
+        shared = [f[start:start + size] for f in families.values() for start in range(0, len(f) - 1, size)
+                  if len(f[start:start + size]) > 1]
+        taken = {i for chunk in shared for i in chunk}
+        rest = [i for i in order if i not in taken]
+        loose = [rest[start:start + size] for start in range(0, len(rest), size)]
+        return [[batch[i] for i in chunk] for chunk in shared + loose]
 
     def _tensors(self, seqs: list[TrainSequence]) -> dict:
         """Right-padded device tensors of one micro-batch, as wide as its own longest sequence.
 
         Keys: ids, attn [b, T]; mask, old [b, T-1] (shifted to align with next-token logprobs;
-        old is 0 where a sequence has none); adv [b]; has_old [b] bool.
+        old is 0 where a sequence has none); adv [b]; has_old [b] bool; prefix: the rows' shared
+        prompt length for `sequence_token_logprobs` (0 without `shared_prompt`).
         """
         width = max(2, max(len(s.input_ids) for s in seqs))
         ids = torch.full((len(seqs), width), self.tokenizer.pad_token_id or 0, dtype=torch.long)
@@ -174,7 +196,9 @@ class Policy:
             if s.old_logprobs is not None:
                 old[i, :n] = torch.tensor(s.old_logprobs, dtype=torch.float32)
         dev = self.device
+        prefix = shared_prefix_len(ids, attn, mask[:, 1:]) if self.shared_prompt else 0
         return {"ids": ids.to(dev), "attn": attn.to(dev), "mask": mask[:, 1:].to(dev), "old": old[:, 1:].to(dev),
+                "prefix": prefix,
                 "adv": torch.tensor([s.advantage for s in seqs], dtype=torch.float32).to(dev),
                 "has_old": torch.tensor([s.old_logprobs is not None for s in seqs]).to(dev)}
 
@@ -194,7 +218,8 @@ class Policy:
             old, filled = mb["old"], bool(mb["has_old"].all())
             with self.compute():
                 if not filled and int(self.cfg.ppo_epochs) > 1:
-                    current = sequence_token_logprobs(self.net, mb["ids"], mb["attn"], positions=mb["mask"])
+                    current = sequence_token_logprobs(self.net, mb["ids"], mb["attn"], positions=mb["mask"],
+                                                      prefix_len=mb["prefix"])
                     old, filled = torch.where(mb["has_old"].unsqueeze(-1), old, current), True
                 logps = {"old": old.float().cpu(), "old_filled": filled}
                 if self.has_reference:
@@ -206,9 +231,11 @@ class Policy:
         """Log-probs of micro-batch `mb` under the KL reference: the base with the adapter off, else the copy."""
         if self.lora:
             with self.model.disable_adapter():
-                return sequence_token_logprobs(self.net, mb["ids"], mb["attn"], positions=mb["mask"])
+                return sequence_token_logprobs(self.net, mb["ids"], mb["attn"], positions=mb["mask"],
+                                               prefix_len=mb["prefix"])
         assert self.ref_model is not None
-        return sequence_token_logprobs(self.ref_model, mb["ids"], mb["attn"], positions=mb["mask"])
+        return sequence_token_logprobs(self.ref_model, mb["ids"], mb["attn"], positions=mb["mask"],
+                                       prefix_len=mb["prefix"])
 
     def _micro_step(self, seqs: list[TrainSequence], logps: dict, n_tokens: int) -> tuple[float, float, float]:
         """Forward + backward of one micro-batch (gradients accumulate); returns (pg, kl, clipped tokens).
@@ -222,7 +249,8 @@ class Policy:
         # Checkpointed layers recompute in backward only in train mode; their dropout is 0 (recompute.py).
         with train_mode(self.model, self.checkpointing):
             with self.compute():  # forward in bf16 on CUDA; the loss math below runs on fp32 log-probs
-                lp = sequence_token_logprobs(self.net, mb["ids"], mb["attn"], positions=mb["mask"]).float()
+                lp = sequence_token_logprobs(self.net, mb["ids"], mb["attn"], positions=mb["mask"],
+                                             prefix_len=mb["prefix"]).float()
             if not logps["old_filled"]:  # one epoch: the old policy is these weights (ratio 1 at the step)
                 old = torch.where(mb["has_old"].unsqueeze(-1), old, lp.detach())
             pg, m = clipped_surrogate_loss(lp, old, mb["adv"], mb["mask"], cfg.clip_eps, denom=n_tokens)
@@ -326,6 +354,12 @@ class Policy:
         loaded = AutoModelForCausalLM.from_pretrained(directory, dtype=dtype)
         self.model.load_state_dict(loaded.state_dict())
         del loaded
+
+
+def _prompt_key(s: TrainSequence) -> tuple[int, ...]:
+    """The tokens of `s` before its first loss-masked one: the prompt its group's rollouts share."""
+    first = next((i for i, m in enumerate(s.loss_mask) if m), len(s.loss_mask))
+    return tuple(s.input_ids[:first])
 
 
 def _check_sequence(s: TrainSequence) -> None:

@@ -14,6 +14,7 @@ from coevo.core.grpo import (
     k3_kl,
     masked_mean,
     sequence_token_logprobs,
+    shared_prefix_len,
     token_logprobs,
 )
 
@@ -249,3 +250,44 @@ def test_logprobs_on_positions_zero_elsewhere_for_other_architectures() -> None:
         model.config.model_type = "gemma2"  # soft-capped logits: the head must see every position
         got = sequence_token_logprobs(model, ids, attn, positions=positions)
     assert got[0, 0] == 0 and torch.allclose(got[0, 1:], expected[0, 1:], atol=1e-6)
+
+
+def test_shared_prefix_len_hand_values() -> None:
+    ids = torch.tensor([[4, 5, 6, 7, 8], [4, 5, 6, 9, 0], [4, 5, 6, 7, 1]])
+    attn = torch.tensor([[1, 1, 1, 1, 1], [1, 1, 1, 1, 0], [1, 1, 1, 1, 1]])
+    late = torch.tensor([[0, 0, 0, 1], [0, 0, 0, 0], [0, 0, 0, 1]])
+    assert shared_prefix_len(ids, attn, late) == 3  # tokens 4 5 6 are common; row 1 differs at position 3
+    early = torch.tensor([[0, 1, 0, 1], [0, 0, 0, 0], [0, 0, 0, 0]])
+    assert shared_prefix_len(ids, attn, early) == 1  # log-prob at position 1 needs row 0's own hidden state there
+    assert shared_prefix_len(ids[:1], attn[:1], late[:1]) == 0  # one row shares with nobody
+    padded = torch.tensor([[0, 1, 1, 1, 1], [0, 1, 1, 1, 0], [0, 1, 1, 1, 1]])  # left padding: nothing shared
+    assert shared_prefix_len(ids, padded, late) == 0
+
+
+@pytest.mark.parametrize("kind", ["llama", "qwen2"])
+def test_shared_prefix_equals_the_unshared_values_and_gradients(kind: str) -> None:
+    """The prompt run once with its keys/values repeated gives every row's values and the weights' gradients."""
+    model = _tiny_causal_lm(kind)
+    ids = torch.tensor([[3, 7, 9, 11, 4, 8, 0, 0], [3, 7, 9, 11, 5, 2, 6, 13], [3, 7, 9, 11, 5, 1, 0, 0]])
+    attn = (torch.arange(8) < torch.tensor([[6], [8], [6]])).long()
+    positions = torch.tensor([[0, 0, 0, 1, 1, 0, 0], [0, 0, 0, 1, 1, 1, 1], [0, 0, 0, 1, 0, 1, 0]])
+    weights = torch.randn(3, 7)
+    full = sequence_token_logprobs(model, ids, attn, positions=positions)
+    (full * weights).sum().backward()
+    full_grads = [p.grad.clone() for p in model.parameters()]
+    model.zero_grad()
+    prefix = shared_prefix_len(ids, attn, positions)
+    assert prefix == 3
+    shared = sequence_token_logprobs(model, ids, attn, positions=positions, prefix_len=prefix)
+    (shared * weights).sum().backward()
+    assert torch.allclose(shared, full, atol=1e-5) and not shared[~positions.bool()].any()
+    for p, expected in zip(model.parameters(), full_grads):
+        assert torch.allclose(p.grad, expected, atol=1e-5)
+
+
+def test_shared_prefix_refuses_rows_that_differ_in_it() -> None:
+    model = _tiny_causal_lm("llama")
+    ids, attn = torch.tensor([[3, 7, 9, 1], [3, 8, 9, 2]]), torch.ones(2, 4, dtype=torch.long)
+    positions = torch.tensor([[0, 0, 1], [0, 0, 1]])
+    with pytest.raises(ValueError, match="prefix_len=2"):
+        sequence_token_logprobs(model, ids, attn, positions=positions, prefix_len=2)

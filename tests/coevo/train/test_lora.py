@@ -62,7 +62,9 @@ def test_checkpointed_step_equals_the_plain_step_and_recomputes(tiny, rank: int)
     results, layer_calls = [], []
     for checkpointing in (False, True):
         torch.manual_seed(0)  # peft draws lora_A at random: both policies start from the same adapter
-        policy = Policy(_cfg(rank, gradient_checkpointing=checkpointing, kl_coef=0.1), copy.deepcopy(model), tok)
+        # shared_prompt off in both: a shared prompt adds a prefix forward per micro-batch to the counts below
+        policy = Policy(_cfg(rank, gradient_checkpointing=checkpointing, kl_coef=0.1, shared_prompt=False),
+                        copy.deepcopy(model), tok)
         _use_sgd(policy, lr=0.5)
         initial = {k: v.detach().clone() for k, v in policy.model.state_dict().items()}
         calls, layer = [], policy.net.model.layers[0]

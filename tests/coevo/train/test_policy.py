@@ -216,6 +216,26 @@ def test_masked_inputs_and_micro_batching_do_not_change_the_step(tiny) -> None:
         assert _same(results[0], other, atol=1e-6)
 
 
+def test_shared_prompt_gives_the_same_step_and_groups_micro_batches_by_prompt(tiny) -> None:
+    """Rows with one prompt share its forward; the step equals the unshared one (SGD: gradients compared)."""
+    model, tok = tiny
+    other = _ids(tok, "who is it ?")
+    batch = _batch(tok) + [TrainSequence(other + _ids(tok, "answer 4"), [0] * len(other) + [1, 1], -0.5),
+                           TrainSequence(other + _ids(tok, "a answer"), [0] * len(other) + [1, 1], 0.5)]
+    results = []
+    for shared in (False, True):
+        policy = Policy(_cfg(micro_batch_size=4, shared_prompt=shared, kl_coef=0.1), copy.deepcopy(model), tok)
+        policy.optimizer = torch.optim.SGD(policy.model.parameters(), lr=1.0)
+        chunks = policy._micro_batches(batch)
+        prefixes = [policy._tensors(c)["prefix"] for c in chunks]
+        policy.update(batch)
+        results.append(_params(policy.model))
+    assert sorted(len(c) for c in chunks) == [2, 4]  # the 4 rollouts of one prompt, then the 2 of the other
+    assert sorted(prefixes) == [len(other) - 1, len(_ids(tok, "what is the answer ?")) - 1]
+    assert not _same(_params(model), results[1])
+    assert _same(results[0], results[1], atol=1e-6)
+
+
 @pytest.mark.parametrize("epochs", [1, 3])
 def test_missing_old_logprobs_are_the_initial_weights_in_every_epoch(tiny, epochs: int) -> None:
     """One epoch takes them from the trained forward, several from a pass before the first step:

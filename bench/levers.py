@@ -1,15 +1,18 @@
 """Benchmark (not a test): what each issue-11 lever does to the untrained policies' first step.
 
     .venv/bin/python bench/levers.py [--questions 12] [--ranker-questions 16] [--seed 0] [--out FILE]
-        [--proposer-arms NAME...] [--ranker-arms NAME...] [-- BASE_OVERRIDES...]
+        [--proposer-arms NAME...] [--ranker-arms NAME...] [--solver-questions 16] [--solver-arms NAME...]
+        [-- BASE_OVERRIDES...]
 
 Loads the stack once (every policy frozen, `ray.local` wiring), then runs the proposer's
 stages (call 1 → target checks → paths → call 2 → question checks, no solving) on the first
 `--questions` reference questions of the run's list, once per proposer arm, and the search
 tool's ranker on the first `--ranker-questions` questions of `benchmarks/dev.jsonl` once per
-ranker arm. Every arm uses the same seed, so an arm differs from `baseline` only by its
-overrides (listed in the output). Nothing is trained: this measures the levers' effect on the
-signal a first update would get, which is what decides whether GRPO has groups to learn from.
+ranker arm, and full solver episodes (G rollouts each, with the search tool) on the first
+`--solver-questions` dev questions once per solver arm. Every arm uses the same seed, so an
+arm differs from `baseline` only by its overrides (listed in the output). Nothing is trained:
+this measures the levers' effect on the signal a first update would get, which is what
+decides whether GRPO has groups to learn from.
 
 Proposer arm fields: candidates; target_parsed / target_valid / path / question_parsed /
 accepted: share of candidates that passed that stage; reasons: {reason: count};
@@ -18,9 +21,12 @@ how many of those have reward variance under the stage-graded penalty (under the
 none has, so no proposer update can come from them).
 Ranker arm fields: calls, format_valid (share of well-formed rankings), hit@1 / hit@3 (answer
 passage ranked 1st / in the top 3, among calls whose candidates hold one).
+Solver arm fields: episodes, format_valid (share ending in a well-formed answer), em (exact
+match of those answers), mean_searches, ranker_calls, end_reasons: {reason: count}, and
+mixed_format_groups: questions whose G rollouts differ in format (a GRPO group with variance).
 
 Stdout is one JSON line (also written to --out): {"questions", "ranker_questions", "seed",
-"base_overrides", "wall_s", "proposer": {arm: {...}}, "ranker": {arm: {...}}}.
+"base_overrides", "wall_s", "proposer": {arm: {...}}, "ranker": {arm: {...}}, "solver": {arm: {...}}}.
 """
 from __future__ import annotations
 
@@ -40,9 +46,10 @@ from coevo.core.config import compose, to_object  # noqa: E402
 from coevo.core.inputs import load_reference_questions  # noqa: E402
 from coevo.core.io import atomic_write_text, read_jsonl  # noqa: E402
 from coevo.orchestrate.actors import create_local_actors  # noqa: E402
-from coevo.orchestrate.loop import propose_tasks  # noqa: E402
+from coevo.orchestrate.loop import propose_tasks, solve_tasks  # noqa: E402
 from proposer.pipeline import Candidate  # noqa: E402
 from proposer.reward import invalid_reward  # noqa: E402
+from solver.agent import Task  # noqa: E402
 from solver.ranker import SearchRequest, SearchTool, build_ranker  # noqa: E402
 
 FROZEN = ["proposer.frozen=true", "solver.frozen=true", "ranker.frozen=true", "run.memory_check=false"]
@@ -64,6 +71,10 @@ RANKER_ARMS: dict[str, list[str]] = {
     "no_reasoning": ["ranker.reasoning=false"],
     "no_reasoning+prime_tag": ["ranker.reasoning=false", "ranker.prime_tag=true"],
     "no_reasoning+prime_tag+line_stop": ["ranker.reasoning=false", "ranker.prime_tag=true", "ranker.line_stop=true"],
+}
+SOLVER_ARMS: dict[str, list[str]] = {
+    "baseline": [],
+    "prime_tag": ["solver.prime_tag=true"],
 }
 STAGES = ("target_parsed", "target_valid", "path", "question_parsed", "accepted")
 
@@ -113,6 +124,22 @@ def ranker_arm(actors: Any, cfg: Any, rows: list[dict]) -> dict[str, Any]:
             "with_answer_passage": len(hits[1])}
 
 
+def solver_arm(actors: Any, cfg: Any, rows: list[dict], seed: int) -> dict[str, Any]:
+    """G solver episodes per dev question (search tool and ranker as configured); format and groups."""
+    tasks = [Task(f"dev{i}", r["question"], list(r["answers"])) for i, r in enumerate(rows)]
+    episodes, _, accuracy = solve_tasks(tasks, actors, cfg, seed)
+    by_task: dict[str, list[Any]] = {}
+    for ep in episodes:
+        by_task.setdefault(ep.task_id, []).append(ep)
+    n = max(1, len(episodes))
+    return {"episodes": len(episodes), "format_valid": round(sum(ep.format_ok for ep in episodes) / n, 4),
+            "em": round(sum(accuracy.values()) / max(1, len(accuracy)), 4),
+            "mean_searches": round(sum(ep.n_searches for ep in episodes) / n, 4),
+            "ranker_calls": sum(len(ep.ranker_calls) for ep in episodes),
+            "end_reasons": dict(Counter(ep.end_reason for ep in episodes).most_common()),
+            "mixed_format_groups": sum(len({ep.format_ok for ep in eps}) > 1 for eps in by_task.values())}
+
+
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     ap.add_argument("--questions", type=int, default=12)
@@ -121,6 +148,8 @@ def main() -> None:
     ap.add_argument("--out", default=None)
     ap.add_argument("--proposer-arms", nargs="*", default=list(PROPOSER_ARMS), choices=list(PROPOSER_ARMS))
     ap.add_argument("--ranker-arms", nargs="*", default=list(RANKER_ARMS), choices=list(RANKER_ARMS))
+    ap.add_argument("--solver-questions", type=int, default=16)
+    ap.add_argument("--solver-arms", nargs="*", default=list(SOLVER_ARMS), choices=list(SOLVER_ARMS))
     ap.add_argument("overrides", nargs="*")
     args = ap.parse_args()
     t0 = time.perf_counter()
@@ -130,7 +159,7 @@ def main() -> None:
     refs = load_reference_questions(cfg0.run.reference_questions)[0][: args.questions]
     references = list(enumerate(refs))
     out: dict[str, Any] = {"questions": len(references), "ranker_questions": args.ranker_questions,
-                           "seed": args.seed, "base_overrides": base, "proposer": {}, "ranker": {}}
+                           "seed": args.seed, "base_overrides": base, "proposer": {}, "ranker": {}, "solver": {}}
     for arm in args.proposer_arms:
         extra = PROPOSER_ARMS[arm]
         cfg = to_object(compose(base + extra))
@@ -143,6 +172,12 @@ def main() -> None:
         cfg = to_object(compose(base + extra))
         out["ranker"][arm] = {"overrides": extra, **ranker_arm(actors, cfg, rows)}
         print(f"ranker {arm}: {json.dumps(out['ranker'][arm])}", file=sys.stderr, flush=True)
+    for arm in args.solver_arms:
+        extra = SOLVER_ARMS[arm]
+        cfg = to_object(compose(base + extra))
+        solver_rows = read_jsonl(dev)[: args.solver_questions]
+        out["solver"][arm] = {"overrides": extra, **solver_arm(actors, cfg, solver_rows, args.seed)}
+        print(f"solver {arm}: {json.dumps(out['solver'][arm])}", file=sys.stderr, flush=True)
     out["wall_s"] = round(time.perf_counter() - t0, 1)
     line = json.dumps(out)
     if args.out:

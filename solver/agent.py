@@ -17,6 +17,11 @@ whole episode so far, would exceed `max_prompt_tokens`: the episode ends before 
 could be cut, coevo/core/budget.py). Every end but `answer`
 means no answer and f = 0; the episode stops at once, since nothing after a violation can
 change its reward.
+
+`solver.prime_tag` (small models; off by default and in the paper presets): every turn's prompt
+ends with "<", so the turn starts some tag while the model still picks think, search or answer.
+The "<" tokens are appended to the episode as prompt tokens (loss mask 0, never trained on) and
+put back in front of the completion before the unchanged strict parser reads it.
 """
 from __future__ import annotations
 
@@ -31,6 +36,7 @@ __all__ = ["Task", "Episode", "Action", "SearchTool", "parse_action", "solver_me
            "observation_text"]
 
 SEARCH_STOP, ANSWER_STOP = "</search>", "</answer>"
+TURN_PRIME = "<"  # what `solver.prime_tag` writes at the start of every turn
 
 SOLVER_SYSTEM = (
     "You answer questions with the help of a search engine over Wikipedia. In each turn, either search with "
@@ -194,22 +200,32 @@ def _turn_sampling(cfg: Any, sampling: Optional[SamplingParams]) -> SamplingPara
                           stop=stop, n=1, seed=base.seed)
 
 
-def _prompt_room(cfg: Any) -> int:
-    """Longest prompt a turn may have: every turn's prompt is the whole episode so far, never cut."""
+def _prompt_room(cfg: Any, prime: int = 0) -> int:
+    """Longest episode a turn may start from: every turn's prompt is the whole episode so far (plus
+    the `prime` tokens of `solver.prime_tag`), never cut."""
     limit = getattr(cfg, "max_prompt_tokens", None)
-    return int(limit) if limit else cfg.max_episode_tokens
+    return (int(limit) if limit else cfg.max_episode_tokens) - prime
 
 
-def _new_episode(task: Task, rollout_idx: int, prompt_ids: list[int], cfg: Any) -> Episode:
+def _append_prime(ep: Episode, prime: list[int]) -> None:
+    """The turn's primed tokens join the episode as prompt tokens: loss mask 0, logprob 0."""
+    ep.token_ids += prime
+    ep.loss_mask += [0] * len(prime)
+    if ep.logprobs is not None:
+        ep.logprobs += [0.0] * len(prime)
+
+
+def _new_episode(task: Task, rollout_idx: int, prompt_ids: list[int], cfg: Any, prime: int = 0) -> Episode:
     ep = Episode(task=task, rollout_idx=rollout_idx, token_ids=list(prompt_ids), loss_mask=[0] * len(prompt_ids),
                  logprobs=[0.0] * len(prompt_ids), prompt_len=len(prompt_ids))
-    if len(prompt_ids) >= cfg.max_episode_tokens or len(prompt_ids) > _prompt_room(cfg):
+    if len(prompt_ids) + prime >= cfg.max_episode_tokens or len(prompt_ids) > _prompt_room(cfg, prime):
         ep.end_reason = "token_budget"
     return ep
 
 
-def _apply_turn(ep: Episode, completion: Any, tokenizer: Any, cfg: Any) -> Optional[str]:
-    """Append one generated turn; return the search query when the turn is a valid search."""
+def _apply_turn(ep: Episode, completion: Any, tokenizer: Any, cfg: Any, prime: list[int]) -> Optional[str]:
+    """Append one generated turn (after its `prime` tokens); return the search query when the turn is a valid search."""
+    _append_prime(ep, prime)
     room = cfg.max_episode_tokens - len(ep.token_ids)
     generated = list(completion.token_ids)[:room]
     ep.token_ids += generated
@@ -223,7 +239,7 @@ def _apply_turn(ep: Episode, completion: Any, tokenizer: Any, cfg: Any) -> Optio
     if len(completion.token_ids) > room:
         ep.end_reason = "token_budget"
         return None
-    action = parse_action(strip_eos(completion.text, tokenizer))
+    action = parse_action((TURN_PRIME if prime else "") + strip_eos(completion.text, tokenizer))
     if action.kind is None:
         ep.end_reason = action.reason
     elif action.kind == "answer":
@@ -236,7 +252,7 @@ def _apply_turn(ep: Episode, completion: Any, tokenizer: Any, cfg: Any) -> Optio
 
 
 def _observe(episodes: list[Episode], queries: list[str], search_tool: SearchTool, tokenizer: Any,
-             cfg: Any, turn: int) -> None:
+             cfg: Any, turn: int, prime: int = 0) -> None:
     """Run this turn's searches in one batch and append each observation (loss mask 0)."""
     requests = [SearchRequest(ep.task.question, q, ep.task.answers, ep.task.evidence_ids, ep.task.id,
                               ep.rollout_idx, turn) for ep, q in zip(episodes, queries)]
@@ -247,7 +263,7 @@ def _observe(episodes: list[Episode], queries: list[str], search_tool: SearchToo
         ep.ranker_calls.append(result.call)
         obs_ids = _encode(tokenizer, observation_text(result.passages))
         length = len(ep.token_ids) + len(obs_ids)
-        if length >= cfg.max_episode_tokens or length > _prompt_room(cfg):
+        if length + prime >= cfg.max_episode_tokens or length > _prompt_room(cfg, prime):
             # No room to read the documents and still answer (or the next prompt would not fit): the episode is over.
             ep.end_reason = "token_budget"
             continue
@@ -266,23 +282,24 @@ def run_episodes(solver: SolverPolicy, tasks: Sequence[Task], search_tool: Searc
     """
     n_rollouts = group_size or cfg.group_size
     params = _turn_sampling(cfg, sampling)
+    prime = _encode(solver.tokenizer, TURN_PRIME) if getattr(cfg, "prime_tag", False) else []
     episodes = []
     for task in tasks:
         prompt_ids = solver.chat_prompt_ids(solver_messages(task.question, cfg.max_searches))
-        episodes += [_new_episode(task, i, prompt_ids, cfg) for i in range(n_rollouts)]
+        episodes += [_new_episode(task, i, prompt_ids, cfg, len(prime)) for i in range(n_rollouts)]
     for turn in range(cfg.max_turns):
         live = [ep for ep in episodes if not ep.done]
         if not live:
             break
-        outputs = solver.generate([list(ep.token_ids) for ep in live], params)
+        outputs = solver.generate([list(ep.token_ids) + prime for ep in live], params)
         searching, queries = [], []
         for ep, completions in zip(live, outputs):
-            query = _apply_turn(ep, completions[0], solver.tokenizer, cfg)
+            query = _apply_turn(ep, completions[0], solver.tokenizer, cfg, prime)
             if query is not None:
                 searching.append(ep)
                 queries.append(query)
         if searching:
-            _observe(searching, queries, search_tool, solver.tokenizer, cfg, turn)
+            _observe(searching, queries, search_tool, solver.tokenizer, cfg, turn, len(prime))
     for ep in episodes:
         if not ep.done:
             ep.end_reason = "max_turns"

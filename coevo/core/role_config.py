@@ -100,6 +100,7 @@ class SolverConfig(PolicyConfig):
     max_searches: int = 3  # valid searches allowed per episode (paper: 6)
     max_turns: int = 4  # generation turns per episode (searches + final answer)
     max_episode_tokens: int = 1536  # total episode tokens (prompt + turns + observations)
+    prime_tag: bool = False  # every turn's prompt ends with "<": small models start a tag, still choosing which
     reward: SolverRewardConfig = field(default_factory=SolverRewardConfig)
 
 

@@ -127,6 +127,28 @@ def test_sequence_is_concatenation_of_ids_with_exact_masks(scripted_policy, make
     assert call.chosen_ids == ["p0", "p2", "p3"] and call.i_ans and (call.task_id, call.turn) == ("t1", 0)
 
 
+def test_prime_tag_turns_start_with_a_prompt_token_the_parser_reads(scripted_policy, make_tool, passages):
+    """solver.prime_tag: each turn's prompt ends with "<" (loss mask 0, logprob 0), put back before parsing."""
+    def primed(prompt, occurrence):
+        assert prompt.endswith("<")
+        if not n_observations(prompt):
+            return "think>find it</think><search>capital of France</search>"
+        return "answer>Paris</answer>" if occurrence == 0 else "Paris is the answer"
+
+    policy = scripted_policy(primed)
+    tool, _ = make_tool()
+    ep, bad = run_episodes(policy, [TASK], tool, solver_cfg(prime_tag=True, group_size=2))
+    enc = policy.tokenizer.encode
+    turn0, turn1 = enc("think>find it</think><search>capital of France</search>"), enc("answer>Paris</answer>")
+    obs = enc(observation_text([passages[0], passages[2], passages[3]]))
+    prompt = ep.token_ids[: ep.prompt_len]
+    assert ep.token_ids == prompt + enc("<") + turn0 + obs + enc("<") + turn1
+    assert ep.loss_mask == [0] * (len(prompt) + 1) + [1] * len(turn0) + [0] * (len(obs) + 1) + [1] * len(turn1)
+    assert len(ep.logprobs) == len(ep.token_ids) and ep.logprobs[len(prompt)] == 0.0
+    assert (ep.answer, ep.end_reason, ep.n_searches, ep.n_generated) == ("Paris", "answer", 1, len(turn0) + len(turn1))
+    assert (bad.answer, bad.end_reason) == (None, "no_action")  # "<Paris is the answer": still no action
+
+
 def test_one_generate_call_per_turn_for_all_live_episodes(scripted_policy, make_tool):
     def responder(prompt, occurrence):
         if n_observations(prompt):

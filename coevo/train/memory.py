@@ -8,7 +8,8 @@ instantiated on torch's meta device: no weights are read):
 - `grads` and `optimizer` (trainable): gradients, and AdamW's two moments, in the parameter
   dtype as torch keeps them (2 x params x 4 bytes for the fp32 presets);
 - `reference` (trainable, kl_coef > 0): the frozen copy the KL term compares with;
-- with `lora.rank > 0` (`lora_params`), `grads` and `optimizer` count the fp32 adapter only,
+- with `lora.rank > 0`, `grads` and `optimizer` count the fp32 adapter only (its exact parameter
+  count from the meta model, `shapes.adapter_parameters`, as the GPU planner counts it),
   `adapter` its weights, and there is no `reference` (the base with the adapter off is it);
 - `engine` (engine=vllm): the engine's share, `gpu_memory_utilization` x the device's memory
   (on CPU its KV cache plus its weight copy, see engines/vllm.py `_cpu_kv_cache_bytes`);
@@ -33,7 +34,7 @@ from dataclasses import dataclass
 from typing import Optional
 
 from coevo.core.config import CoevoConfig, PolicyConfig
-from coevo.train.shapes import ModelShape, meta_model, shape_of
+from coevo.train.shapes import ModelShape, adapter_parameters, meta_model, shape_of
 from solver.ranker import ranker_policy_config
 
 LOG = logging.getLogger("coevo.memory")
@@ -73,20 +74,6 @@ def activation_bytes(shape: ModelShape, dtype_bytes: int, micro_batch: int, toke
     return max(1, micro_batch) * tokens * (kept * dtype_bytes + shape.vocab * 4)
 
 
-def lora_params(shape: ModelShape, rank: int, targets: list[str]) -> int:
-    """Adapter parameters: rank x (in + out features) per wrapped projection and layer.
-
-    Projection sizes of a Llama/Qwen decoder (q and o taken as hidden wide); another name is
-    counted as hidden x hidden.
-    """
-    kv = shape.kv_heads * shape.head_dim
-    sizes = {"q_proj": (shape.hidden, shape.hidden), "k_proj": (shape.hidden, kv), "v_proj": (shape.hidden, kv),
-             "o_proj": (shape.hidden, shape.hidden), "gate_proj": (shape.hidden, shape.intermediate),
-             "up_proj": (shape.hidden, shape.intermediate), "down_proj": (shape.intermediate, shape.hidden)}
-    per_layer = sum(sum(sizes.get(t, (shape.hidden, shape.hidden))) for t in targets)
-    return shape.layers * rank * per_layer
-
-
 def generation_bytes(shape: ModelShape, dtype_bytes: int, rows: int, tokens: int) -> int:
     """One HF generate call over `rows` sequences of `tokens`: KV cache plus one layer's prefill intermediates."""
     kv = shape.layers * 2 * shape.kv_heads * shape.head_dim
@@ -95,17 +82,20 @@ def generation_bytes(shape: ModelShape, dtype_bytes: int, rows: int, tokens: int
 
 
 def policy_terms(role: str, cfg: PolicyConfig, shape: ModelShape, tokens: int, engine_share_of: int,
-                 device: str = "cpu", rows: int = 0) -> list[Term]:
+                 device: str = "cpu", rows: int = 0, adapter: int = 0) -> list[Term]:
     """The terms of one loaded policy: sequences up to `tokens` long, `rows` of them generated at once.
 
-    `engine_share_of`: the bytes its gpu_memory_utilization is a fraction of.
+    `engine_share_of`: the bytes its gpu_memory_utilization is a fraction of; `adapter`: the
+    parameters of its LoRA adapter (`shapes.adapter_parameters`), read when `lora.rank > 0`.
     """
     size = DTYPE_BYTES[str(cfg.dtype)]
     weights = shape.params * size
     terms = [Term(role, "weights", weights, device, f"{shape.params / 1e6:.3g}M params x {size} B")]
     if not cfg.frozen:
         lora = cfg.lora.rank > 0
-        trained = 4 * lora_params(shape, cfg.lora.rank, list(cfg.lora.target_modules)) if lora else weights
+        if lora and adapter <= 0:
+            raise ValueError(f"{role}.lora.rank={cfg.lora.rank}: the estimate needs the adapter's parameter count")
+        trained = 4 * adapter if lora else weights
         if lora:
             terms.append(Term(role, "adapter", trained, device, f"LoRA rank {cfg.lora.rank}, fp32"))
         act = activation_bytes(shape, size, cfg.micro_batch_size, tokens, bool(cfg.gradient_checkpointing))
@@ -154,8 +144,9 @@ def generated_rows(cfg: CoevoConfig, role: str, with_proposer: bool = True) -> i
 
 
 def run_terms(cfg: CoevoConfig, shapes: dict[str, ModelShape], memory_total: int, with_proposer: bool = True,
-              gpu_memory: Optional[int] = None) -> list[Term]:
-    """Every term of the run: its policies (`shapes`: role -> ModelShape) and its processes.
+              gpu_memory: Optional[int] = None, adapters: Optional[dict[str, int]] = None) -> list[Term]:
+    """Every term of the run: its policies (`shapes`: role -> ModelShape; `adapters`: role -> LoRA
+    adapter parameters, for roles with `lora.rank > 0`) and its processes.
 
     `memory_total`: the machine's RAM (the CPU engines' share is a fraction of it); `gpu_memory`:
     one GPU's memory when policies with num_gpus > 0 get one (None: everything on the CPU).
@@ -166,7 +157,8 @@ def run_terms(cfg: CoevoConfig, shapes: dict[str, ModelShape], memory_total: int
         on_gpu = gpu_memory is not None and policy.num_gpus > 0
         terms += policy_terms(role, policy, shapes[role], sequence_tokens(cfg, role, policy),
                               gpu_memory if on_gpu and gpu_memory is not None else memory_total,
-                              "gpu" if on_gpu else "cpu", generated_rows(cfg, role, with_proposer))
+                              "gpu" if on_gpu else "cpu", generated_rows(cfg, role, with_proposer),
+                              (adapters or {}).get(role, 0))
     ray = not cfg.ray.local and with_proposer  # coevo.solve runs in one process
     processes = 1 + (len(roles) + 2 if ray else 0)  # driver (+ policy, retrieval, evidence actors)
     terms.append(Term("run", "runtime", processes * PROCESS_RUNTIME, "cpu",
@@ -213,12 +205,13 @@ def _gpu_memory() -> Optional[int]:
 
 def estimate_run(cfg: CoevoConfig, with_proposer: bool = True) -> list[Term]:
     """`run_terms` for this machine (RAM, GPU if any) and the configured models."""
-    shapes: dict[tuple[str, Optional[str]], ModelShape] = {}
-    by_role = {}
+    models: dict[tuple[str, Optional[str]], object] = {}
+    by_role, adapters = {}, {}
     for role, policy in loaded_policies(cfg, with_proposer).items():
         key = (policy.model, policy.checkpoint)
-        by_role[role] = shapes[key] = shapes.get(key) or model_shape(*key)
-    return run_terms(cfg, by_role, meminfo("MemTotal"), with_proposer, _gpu_memory())
+        model = models[key] = models.get(key) or meta_model(*key)
+        by_role[role], adapters[role] = shape_of(model), adapter_parameters(model, policy.lora)
+    return run_terms(cfg, by_role, meminfo("MemTotal"), with_proposer, _gpu_memory(), adapters)
 
 
 # ---- the check before a run starts ----------------------------------------------------------

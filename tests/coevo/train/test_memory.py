@@ -16,7 +16,6 @@ from coevo.train.memory import (
     generated_rows,
     generation_bytes,
     loaded_policies,
-    lora_params,
     model_shape,
     peak_bytes,
     policy_terms,
@@ -64,12 +63,12 @@ def test_trainable_policy_terms():
 def test_lora_and_checkpointing_policy_terms():
     from coevo.core.config import LoraConfig
 
-    # rank 2 over q (64+64), k and v (64+32 each), down (128+64): 2 layers x 2 x 512
-    assert lora_params(SHAPE, 2, ["q_proj", "k_proj", "v_proj", "down_proj"]) == 2 * 2 * 512
     lora = LoraConfig(rank=2, target_modules=["q_proj", "k_proj", "v_proj", "down_proj"])
     cfg = _policy(kl_coef=0.1, dtype="bfloat16", lora=lora, gradient_checkpointing=True)
-    terms = _by_name(policy_terms("solver", cfg, SHAPE, tokens=10, engine_share_of=0))
-    adapter = 4 * 2 * 2 * 512  # fp32
+    terms = _by_name(policy_terms("solver", cfg, SHAPE, tokens=10, engine_share_of=0, adapter=2048))
+    adapter = 4 * 2048  # fp32
+    with pytest.raises(ValueError, match="solver.lora.rank=2"):
+        policy_terms("solver", cfg, SHAPE, tokens=10, engine_share_of=0)  # a LoRA role without its count
     # checkpointing keeps each layer's input (2 x 64) plus one layer's activations (18 x 64 + 3 x 128), bf16
     assert terms == {"weights": 2000, "adapter": adapter, "grads": adapter, "optimizer": 2 * adapter,
                      "activations": 2 * 10 * ((2 * 64 + 18 * 64 + 3 * 128) * 2 + 400)}  # no reference copy
@@ -165,6 +164,18 @@ def test_model_shape_counts_parameters_without_loading_weights(tiny_dir, tiny):
     assert (shape.hidden, shape.intermediate, shape.layers, shape.vocab, shape.tied) == (
         cfg.hidden_size, cfg.intermediate_size, cfg.num_hidden_layers, cfg.vocab_size, True)
     assert (shape.kv_heads, shape.head_dim) == (1, 32)  # build_tiny_random: hidden 32, 1 head of 32, 1 KV head
+
+
+def test_estimate_counts_the_exact_adapter_of_the_configured_model(tiny_dir):
+    """A LoRA role's adapter, grads and AdamW state come from the meta model's own Linear layers."""
+    from coevo.train.memory import estimate_run
+    from coevo.train.shapes import adapter_parameters, meta_model
+
+    cfg = to_object(compose(["experiment=smoke", f"solver.model={tiny_dir}", "solver.lora.rank=4"]))
+    exact = adapter_parameters(meta_model(str(tiny_dir)), cfg.solver.lora)
+    assert exact > 0
+    solver = {t.name: t.bytes for t in estimate_run(cfg) if t.role == "solver"}
+    assert solver["adapter"] == solver["grads"] == 4 * exact and solver["optimizer"] == 8 * exact
 
 
 def test_refusal_suggests_the_micro_batch_that_fits():

@@ -66,12 +66,20 @@ class Term:
         return self.name in TRANSIENT
 
 
-def activation_bytes(shape: ModelShape, dtype_bytes: int, micro_batch: int, tokens: int,
-                     checkpointing: bool = False) -> int:
-    """Forward activations kept for backward by one micro-batch, fp32 logits included."""
-    layer = ACT_PER_HIDDEN * shape.hidden + ACT_PER_INTERMEDIATE * shape.intermediate
-    kept = shape.layers * shape.hidden + layer if checkpointing else shape.layers * layer
-    return max(1, micro_batch) * tokens * (kept * dtype_bytes + shape.vocab * 4)
+def activation_bytes(shape: ModelShape, tokens: int, compute_bytes: int, checkpointing: bool = False,
+                     input_bytes: Optional[int] = None, logit_tokens: Optional[int] = None) -> int:
+    """Forward activations one micro-batch of `tokens` tokens keeps for backward, fp32 logits included.
+
+    Every layer's activations (18 hidden + 3 intermediate elements per token, `compute_bytes`
+    each), or with `checkpointing` each layer's input (`input_bytes`, default `compute_bytes`)
+    plus one layer's recomputed activations; logits (vocab x 4 B) at `logit_tokens` positions,
+    default every token. The CPU estimate and the GPU planner (coevo/train/plan.py) both use it.
+    """
+    layer = (ACT_PER_HIDDEN * shape.hidden + ACT_PER_INTERMEDIATE * shape.intermediate) * compute_bytes
+    inputs = shape.layers * shape.hidden * (compute_bytes if input_bytes is None else input_bytes)
+    per_token = inputs + layer if checkpointing else shape.layers * layer
+    logits = (tokens if logit_tokens is None else logit_tokens) * shape.vocab * 4
+    return tokens * per_token + logits
 
 
 def generation_bytes(shape: ModelShape, dtype_bytes: int, rows: int, tokens: int) -> int:
@@ -98,7 +106,7 @@ def policy_terms(role: str, cfg: PolicyConfig, shape: ModelShape, tokens: int, e
         trained = 4 * adapter if lora else weights
         if lora:
             terms.append(Term(role, "adapter", trained, device, f"LoRA rank {cfg.lora.rank}, fp32"))
-        act = activation_bytes(shape, size, cfg.micro_batch_size, tokens, bool(cfg.gradient_checkpointing))
+        act = activation_bytes(shape, max(1, cfg.micro_batch_size) * tokens, size, bool(cfg.gradient_checkpointing))
         terms += [Term(role, "grads", trained, device),
                   Term(role, "optimizer", 2 * trained, device, "AdamW: 2 moments"),
                   Term(role, "activations", act, device, f"micro_batch_size {cfg.micro_batch_size} x {tokens} tokens")]

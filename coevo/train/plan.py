@@ -30,9 +30,8 @@ from typing import Any, Optional
 
 from coevo.core.config import CoevoConfig, PolicyConfig
 from coevo.train.memory import (
-    ACT_PER_HIDDEN,
-    ACT_PER_INTERMEDIATE,
     DTYPE_BYTES,
+    activation_bytes,
     generated_rows,
     generation_bytes,
     loaded_policies,
@@ -79,14 +78,6 @@ class GpuPlan:
                 "notes": self.notes}
 
 
-def activation_bytes_gpu(shape: ModelShape, tokens: int, checkpointing: bool, compute_bytes: int) -> int:
-    """Saved activations of `tokens` tokens: every layer's (18 hidden + 3 intermediate elements per token),
-    or with checkpointing each layer's fp32 input plus one layer's recomputed activations."""
-    layer = (ACT_PER_HIDDEN * shape.hidden + ACT_PER_INTERMEDIATE * shape.intermediate) * compute_bytes
-    per_token = shape.layers * shape.hidden * 4 + layer if checkpointing else shape.layers * layer
-    return tokens * per_token
-
-
 def completion_tokens(cfg: CoevoConfig, role: str, policy: PolicyConfig) -> int:
     """Loss-masked tokens of one sequence, where the LM head runs: every solver turn, one call otherwise."""
     turns = cfg.solver.max_turns if role == "solver" else 1
@@ -119,11 +110,12 @@ def role_plan(cfg: CoevoConfig, role: str, policy: PolicyConfig, shape: ModelSha
     else:
         _trained_terms(plan, policy, shape, adapter, bf16)
         compute = 2 if bf16 else size
-        tokens = sequence_tokens(cfg, role, policy) * max(1, policy.micro_batch_size)
-        logits = completion_tokens(cfg, role, policy) * max(1, policy.micro_batch_size) * shape.vocab * 4
+        rows = max(1, policy.micro_batch_size)
         cast = shape.params * 2 if bf16 and size == 4 else 0  # autocast keeps a bf16 copy of each weight it used
-        plan.transient["update"] = (activation_bytes_gpu(shape, tokens, policy.gradient_checkpointing, compute)
-                                    + logits + cast)
+        # Checkpointed layer inputs stay fp32 (the residual stream); the LM head runs at completion positions only.
+        plan.transient["update"] = cast + activation_bytes(
+            shape, sequence_tokens(cfg, role, policy) * rows, compute, policy.gradient_checkpointing, input_bytes=4,
+            logit_tokens=completion_tokens(cfg, role, policy) * rows)
     if str(policy.engine) == "vllm":
         plan.terms["engine"] = int(policy.gpu_memory_utilization * gpu_bytes)
     else:

@@ -42,9 +42,12 @@ def _by_name(terms):
 
 def test_activation_bytes():
     # per token: 2 layers x (18 x 64 + 3 x 128) x 4 B + 100 x 4 B of fp32 logits = 12288 + 400
-    assert activation_bytes(SHAPE, 4, micro_batch=2, tokens=10) == 2 * 10 * 12688
-    assert activation_bytes(SHAPE, 2, micro_batch=1, tokens=10) == 10 * (6144 + 400)
-    assert activation_bytes(SHAPE, 4, micro_batch=0, tokens=10) == 10 * 12688  # at least one sequence
+    assert activation_bytes(SHAPE, 20, 4) == 20 * 12688
+    assert activation_bytes(SHAPE, 10, 2) == 10 * (6144 + 400)
+    # logits at 3 positions only; checkpointing keeps 2 fp32 layer inputs (2 x 64 x 4) + one bf16 layer
+    layer = (18 * 64 + 3 * 128) * 2
+    assert activation_bytes(SHAPE, 10, 2, logit_tokens=3) == 10 * 6144 + 3 * 400
+    assert activation_bytes(SHAPE, 10, 2, checkpointing=True, input_bytes=4) == 10 * (2 * 64 * 4 + layer) + 4000
 
 
 def test_generation_bytes():

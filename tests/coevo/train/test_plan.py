@@ -12,11 +12,11 @@ from transformers import LlamaConfig, LlamaForCausalLM
 from coevo.core.config import compose, to_object
 from coevo.core.role_config import LoraConfig
 from coevo.plan import main as plan_main
+from coevo.train.memory import activation_bytes
 from coevo.train.plan import (
     CUDA_CONTEXT,
     GB,
     PlanError,
-    activation_bytes_gpu,
     check_gpu_plan,
     gpus_needed,
     plan_message,
@@ -49,8 +49,9 @@ def test_adapter_parameters_are_rank_times_in_plus_out_of_each_target():
 
 def test_activations_with_and_without_checkpointing():
     layer = (18 * 64 + 3 * 128) * 2  # bf16 elements of one layer, per token
-    assert activation_bytes_gpu(SHAPE, 10, checkpointing=False, compute_bytes=2) == 10 * 2 * layer
-    assert activation_bytes_gpu(SHAPE, 10, checkpointing=True, compute_bytes=2) == 10 * (2 * 64 * 4 + layer)
+    no_logits = dict(logit_tokens=0)
+    assert activation_bytes(SHAPE, 10, 2, False, 4, **no_logits) == 10 * 2 * layer
+    assert activation_bytes(SHAPE, 10, 2, True, 4, **no_logits) == 10 * (2 * 64 * 4 + layer)
 
 
 def test_trained_role_terms_by_hand():
@@ -60,7 +61,7 @@ def test_trained_role_terms_by_hand():
     assert plan.role == "solver" and plan.budget == int(1 * GB)
     assert plan.terms == {"weights": 4000, "reference": 2000, "grads": 4000, "optimizer": 8000,
                           "cuda_context": CUDA_CONTEXT}
-    acts = activation_bytes_gpu(SHAPE, 2 * 100, False, 2)
+    acts = activation_bytes(SHAPE, 2 * 100, 2, logit_tokens=0)
     logits = 2 * 32 * 100 * 4  # micro-batch 2 x (2 turns x 16 new tokens) x vocab x 4 B
     assert plan.transient["update"] == acts + logits + 1000 * 2  # + the autocast bf16 copy of the fp32 weights
     assert plan.total == sum(plan.terms.values()) + max(plan.transient.values())

@@ -3,6 +3,10 @@
 Choices a caller may rely on:
 - prompts of different lengths are left-padded into one batch; positions come from the
   attention mask, so a batched greedy result equals the one-prompt-at-a-time result;
+- the rows' common prefix (a role's instructions and demonstration, a group's question) is
+  computed once when it is at least `SHARED_PREFIX_MIN` tokens: its KV cache is repeated for
+  every row and each row's own tokens follow it, padded between the prefix and them (positions
+  still come from the mask). Same distributions, prefill cost paid once for the prefix;
 - `temperature == 0` is greedy; otherwise multinomial sampling with `temperature` and `top_p`
   (no top-k and none of the checkpoint's `generation_config` sampling defaults: the
   `SamplingParams` are the whole truth, as with vLLM);
@@ -96,6 +100,19 @@ def eos_token_ids(model, tokenizer) -> set[int]:  # noqa: ANN001
     return ids
 
 
+# Shortest common prefix worth a separate forward (below it, one more call costs more than it saves).
+SHARED_PREFIX_MIN = 32
+
+
+def common_prefix_len(rows: list[list[int]]) -> int:
+    """Length of the rows' common prefix, at most the shortest row minus one (each row keeps a token to feed)."""
+    shortest = min(len(r) for r in rows)
+    first, n = rows[0], 0
+    while n < shortest - 1 and all(r[n] == first[n] for r in rows):
+        n += 1
+    return n
+
+
 class HFEngine:
     """Engine backed by `model.generate`; shares the training model, so weight sync is free."""
 
@@ -146,12 +163,16 @@ class HFEngine:
         if sampling.max_new_tokens <= 0:
             return [Completion(prompt_ids=r, token_ids=[], text="", logprobs=[], finish_reason="length") for r in rows]
         device = next(self.model.parameters()).device
-        width = max(len(r) for r in rows)
+        shared = common_prefix_len(rows) if len(rows) > 1 else 0
+        shared = shared if shared >= SHARED_PREFIX_MIN else 0
+        width = shared + max(len(r) - shared for r in rows)
         input_ids = torch.full((len(rows), width), self.pad_id, dtype=torch.long)
         attention = torch.zeros((len(rows), width), dtype=torch.long)
-        for i, r in enumerate(rows):
-            input_ids[i, width - len(r):] = torch.tensor(r, dtype=torch.long)
-            attention[i, width - len(r):] = 1
+        for i, r in enumerate(rows):  # [shared prefix | padding | the row's own tokens]
+            input_ids[i, :shared], attention[i, :shared] = torch.tensor(r[:shared], dtype=torch.long), 1
+            input_ids[i, width - len(r) + shared:] = torch.tensor(r[shared:], dtype=torch.long)
+            attention[i, width - len(r) + shared:] = 1
+        cache = self._prefix_cache(rows[0][:shared], len(rows), device) if shared else None
         recorder = _LogprobRecorder()
         stopper = _StopStrings(self.tokenizer, list(sampling.stop), width, len(rows))
         # A peft (LoRA) model generates through its wrapper, but the defaults live on the HF model inside.
@@ -162,7 +183,7 @@ class HFEngine:
         holder.generation_config = GenerationConfig()
         try:
             out = self.model.generate(input_ids=input_ids.to(device), attention_mask=attention.to(device),
-                                      generation_config=self._generation_config(sampling),
+                                      past_key_values=cache, generation_config=self._generation_config(sampling),
                                       logits_processor=[recorder], stopping_criteria=[stopper])
         finally:
             holder.generation_config = saved
@@ -170,6 +191,14 @@ class HFEngine:
         logprobs = recorder.finish(out.sequences)
         return [self._completion(rows[i], generated[i].tolist(), logprobs[i].tolist(), stopper.stop_len[i])
                 for i in range(len(rows))]
+
+    @torch.no_grad()
+    def _prefix_cache(self, prefix: list[int], rows: int, device: torch.device):  # noqa: ANN202 - a transformers Cache
+        """KV cache of `prefix` computed once, repeated for `rows` rows (generate continues after it)."""
+        cache = self.model(input_ids=torch.tensor([prefix], dtype=torch.long, device=device), use_cache=True,
+                           ).past_key_values
+        cache.batch_repeat_interleave(rows)
+        return cache
 
     def _completion(self, prompt: list[int], gen: list[int], logps: list[float],
                     stop_len: Optional[int]) -> Completion:

@@ -56,6 +56,28 @@ def test_greedy_is_deterministic_and_batch_equals_one_by_one(bpe) -> None:
         assert len(comps[0].logprobs) == len(comps[0].token_ids)
 
 
+def test_a_long_common_prefix_is_computed_once_with_the_same_results(bpe, monkeypatch) -> None:
+    """Rows sharing >= SHARED_PREFIX_MIN tokens get one prefix forward; greedy ids and log-probs are unchanged."""
+    from coevo.train.engines import hf
+
+    model, tok = bpe
+    head = _ids(tok, "you answer questions with a search engine over the whole of wikipedia " * 4)
+    assert len(head) >= hf.SHARED_PREFIX_MIN
+    prompts = [head + _ids(tok, tail) for tail in ("what is the capital", "Zürich", "the search results say that")]
+    assert hf.common_prefix_len(prompts) >= len(head) and hf.common_prefix_len([[1, 2], [1, 2]]) == 1
+    engine = HFEngine(model, tok)
+    calls = []
+    prefix_cache = engine._prefix_cache
+    monkeypatch.setattr(engine, "_prefix_cache", lambda *a: calls.append(len(a[0])) or prefix_cache(*a))
+    batched = engine.generate(prompts, GREEDY)
+    assert calls and calls[0] >= len(head)
+    for prompt, comps in zip(prompts, batched):
+        single = engine.generate([prompt], GREEDY)[0][0]  # one row: nothing shared
+        assert comps[0].token_ids == single.token_ids and comps[0].prompt_ids == prompt
+        assert torch.allclose(torch.tensor(comps[0].logprobs), torch.tensor(single.logprobs), atol=1e-4)
+    assert len(calls) == 1
+
+
 def test_sampling_n_seed_and_logprobs_match_model(tiny) -> None:
     model, tok = tiny
     engine = HFEngine(model, tok)

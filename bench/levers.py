@@ -176,7 +176,9 @@ def main() -> None:
         extra = SOLVER_ARMS[arm]
         cfg = to_object(compose(base + extra))
         solver_rows = read_jsonl(dev)[: args.solver_questions]
-        out["solver"][arm] = {"overrides": extra, **solver_arm(actors, cfg, solver_rows, args.seed)}
+        t_arm = time.perf_counter()
+        out["solver"][arm] = {"overrides": extra, **solver_arm(actors, cfg, solver_rows, args.seed),
+                              "wall_s": round(time.perf_counter() - t_arm, 1)}
         print(f"solver {arm}: {json.dumps(out['solver'][arm])}", file=sys.stderr, flush=True)
     out["wall_s"] = round(time.perf_counter() - t0, 1)
     line = json.dumps(out)

@@ -79,6 +79,10 @@ def test_run_on_a_two_node_cluster(tmp_path, small_corpus):
     from coevo.orchestrate.cluster import SchedulingError
 
     temp_dir = tempfile.mkdtemp(prefix="coevo-ray-", dir="/tmp")  # short: Ray's socket paths must fit 107 bytes
+    # Cluster() writes the head's address to the default temp dir's ray_current_cluster whatever temp_dir is,
+    # without creating that directory: on a machine where no Ray session has left /tmp/ray it fails
+    # (FileNotFoundError), which made this test pass or fail with the machine's history.
+    os.makedirs(os.path.dirname(ray._private.utils.get_ray_address_file(None)), exist_ok=True)
     cluster = Cluster(initialize_head=True, head_node_args={"num_cpus": 2, "resources": {"node_a": 1},
                                                             "include_dashboard": False, "temp_dir": temp_dir})
     try:

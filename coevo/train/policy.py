@@ -169,10 +169,10 @@ class Policy:
         families: dict[tuple, list[int]] = {}
         for i in order:
             families.setdefault(_prompt_key(batch[i]), []).append(i)
-        shared = [f[start:start + size] for f in families.values() for start in range(0, len(f) - 1, size)
-                  if len(f[start:start + size]) > 1]
-        taken = {i for chunk in shared for i in chunk}
-        rest = [i for i in order if i not in taken]
+        chunks = [f[start:start + size] for f in families.values() for start in range(0, len(f), size)]
+        shared = [c for c in chunks if len(c) > 1]
+        single = {c[0] for c in chunks if len(c) == 1}
+        rest = [i for i in order if i in single]  # prompts with one sequence left: batched by length
         loose = [rest[start:start + size] for start in range(0, len(rest), size)]
         return [[batch[i] for i in chunk] for chunk in shared + loose]
 

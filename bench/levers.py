@@ -20,10 +20,15 @@ rejected_groups: groups whose every candidate was rejected, and rejected_groups_
 how many of those have reward variance under the stage-graded penalty (under the flat penalty
 none has, so no proposer update can come from them).
 Ranker arm fields: calls, format_valid (share of well-formed rankings), hit@1 / hit@3 (answer
-passage ranked 1st / in the top 3, among calls whose candidates hold one).
+passage ranked 1st / in the top 3, among calls whose candidates hold one), reasons: {parser
+reason: count}, malformed_examples: the first few malformed outputs as the parser read them.
 Solver arm fields: episodes, format_valid (share ending in a well-formed answer), em (exact
 match of those answers), mean_searches, ranker_calls, end_reasons: {reason: count}, and
-mixed_format_groups: questions whose G rollouts differ in format (a GRPO group with variance).
+mixed_format_groups: questions whose G rollouts differ in format (a GRPO group with variance),
+ranker_format_valid and ranker_reasons of the episodes' ranker calls, and ranker_groups: for each
+grouping in RANKER_GROUPINGS (the configured one and the alternatives, applied to the same calls
+after the solver and ranker rewards are scored), {"groups", "calls", "with_variance"}: what a
+first ranker update would get under that grouping.
 
 Stdout is one JSON line (also written to --out): {"questions", "ranker_questions", "seed",
 "base_overrides", "wall_s", "proposer": {arm: {...}}, "ranker": {arm: {...}}, "solver": {arm: {...}}}.
@@ -50,7 +55,9 @@ from coevo.orchestrate.loop import propose_tasks, solve_tasks  # noqa: E402
 from proposer.pipeline import Candidate  # noqa: E402
 from proposer.reward import invalid_reward  # noqa: E402
 from solver.agent import Task  # noqa: E402
+from solver.grouping import group_calls, task_calls  # noqa: E402
 from solver.ranker import SearchRequest, SearchTool, build_ranker  # noqa: E402
+from solver.training import episodes_by_task, score_ranker, score_solver  # noqa: E402
 
 FROZEN = ["proposer.frozen=true", "solver.frozen=true", "ranker.frozen=true", "run.memory_check=false"]
 PROPOSER_ARMS: dict[str, list[str]] = {
@@ -76,6 +83,9 @@ SOLVER_ARMS: dict[str, list[str]] = {
     "baseline": [],
     "prime_tag": ["solver.prime_tag=true"],
 }
+# (grouping, group_f1, min_group_size) variants scored on the same ranker calls of a solver arm.
+RANKER_GROUPINGS = {"semantic_f1_0.8_k3": ("semantic", 0.8, 3), "semantic_f1_0.5_k2": ("semantic", 0.5, 2),
+                    "by_question_k3": ("by_question", 0.8, 3), "by_question_k2": ("by_question", 0.8, 2)}
 STAGES = ("target_parsed", "target_valid", "path", "question_parsed", "accepted")
 
 
@@ -121,7 +131,24 @@ def ranker_arm(actors: Any, cfg: Any, rows: list[dict]) -> dict[str, Any]:
                 hits[k].append(any(pid in relevant for pid in call.chosen_ids[:k]))
     return {"calls": len(calls), "format_valid": round(sum(c.format_ok for c in calls) / max(1, len(calls)), 4),
             **{f"hit@{k}": (round(sum(v) / len(v), 4) if v else None) for k, v in hits.items()},
-            "with_answer_passage": len(hits[1])}
+            "with_answer_passage": len(hits[1]), "reasons": dict(Counter(c.reason for c in calls).most_common()),
+            "malformed_examples": [c.output[:120] for c in calls if not c.format_ok][:6]}
+
+
+def ranker_group_stats(episodes: list[Any], cfg: Any) -> dict[str, dict[str, int]]:
+    """Ranker GRPO groups (and those with reward variance) of the same scored calls under each grouping."""
+    score_solver(episodes, cfg.solver)
+    score_ranker(episodes, cfg.ranker)
+    out = {}
+    for name, (grouping, delta, k_min) in RANKER_GROUPINGS.items():
+        groups = [g for eps in episodes_by_task(episodes).values()
+                  for g in group_calls(task_calls(eps), eps[0].task_id, grouping, delta, k_min)]
+        out[name] = {"groups": len(groups), "calls": sum(map(len, groups)),
+                     "with_variance": sum(len({c.reward for c in g}) > 1 for g in groups)}
+    for ep in episodes:  # group ids of the last variant are not this arm's result
+        for call in ep.ranker_calls:
+            call.group_id = None
+    return out
 
 
 def solver_arm(actors: Any, cfg: Any, rows: list[dict], seed: int) -> dict[str, Any]:
@@ -132,12 +159,16 @@ def solver_arm(actors: Any, cfg: Any, rows: list[dict], seed: int) -> dict[str, 
     for ep in episodes:
         by_task.setdefault(ep.task_id, []).append(ep)
     n = max(1, len(episodes))
+    calls = [c for ep in episodes for c in ep.ranker_calls if c.generated]
     return {"episodes": len(episodes), "format_valid": round(sum(ep.format_ok for ep in episodes) / n, 4),
             "em": round(sum(accuracy.values()) / max(1, len(accuracy)), 4),
             "mean_searches": round(sum(ep.n_searches for ep in episodes) / n, 4),
             "ranker_calls": sum(len(ep.ranker_calls) for ep in episodes),
             "end_reasons": dict(Counter(ep.end_reason for ep in episodes).most_common()),
-            "mixed_format_groups": sum(len({ep.format_ok for ep in eps}) > 1 for eps in by_task.values())}
+            "mixed_format_groups": sum(len({ep.format_ok for ep in eps}) > 1 for eps in by_task.values()),
+            "ranker_format_valid": round(sum(c.format_ok for c in calls) / max(1, len(calls)), 4),
+            "ranker_reasons": dict(Counter(c.reason for c in calls).most_common()),
+            "ranker_groups": ranker_group_stats(episodes, cfg)}
 
 
 def main() -> None:

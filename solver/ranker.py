@@ -192,11 +192,17 @@ class Ranker:
                               max_new_tokens=self.cfg.max_new_tokens, stop=stop, n=1)
 
     def _line_closed(self, text: str, finish_reason: str) -> str:
-        """`ranker.line_stop`: a ranking the engine stopped at a line break ends there and is closed,
-        as the proposer's question is at its "?"; the parser stays as strict (count, range, syntax)."""
-        if not self.cfg.line_stop or finish_reason != "stop" or RERANK_STOP in text or "\n" not in text:
+        """`ranker.line_stop`: a ranking that ends with its line (the engine stopped at a line break,
+        or the model ended its turn with EOS) is closed there, as the proposer's question is at its
+        "?"; the parser stays as strict (count, range, syntax). A ranking cut by the token limit
+        stays unclosed: the model did not end it."""
+        if not self.cfg.line_stop or RERANK_STOP in text:
             return text
-        return text[: text.index("\n")] + RERANK_STOP
+        if finish_reason == "stop" and "\n" in text:
+            return text[: text.index("\n")] + RERANK_STOP
+        if finish_reason == "eos":
+            return text.rstrip() + RERANK_STOP
+        return text
 
     def rank(self, requests: Sequence[SearchRequest],
              candidates: Sequence[Sequence[PassageLike]]) -> list[RankerCall]:

@@ -284,6 +284,8 @@ def test_ranker_policy_config():
     ("[3] > [9]\nmore", False, "index_out_of_range", ["p0", "p2"]),  # the parser stays strict
     ("[3]\n> [2]", False, "wrong_count", ["p0", "p2"]),
     ("[3] > [2]</rerank>\n", True, "ok", ["p3", "p2"]),  # the closing tag came first
+    ("[3] > [2]", True, "ok", ["p3", "p2"]),  # the turn ended (EOS) with the line: closed there
+    ("[3] > [2] > [1]", False, "wrong_count", ["p0", "p2"]),  # closed at EOS, the count still checked
 ])
 def test_line_stop_ends_the_ranking_at_its_line_break(make_tool, reply, ok, reason, chosen):
     tool, policy, _ = make_tool("trainable", lambda p, o: reply, prime_tag=True, reasoning=False, line_stop=True)
@@ -295,6 +297,13 @@ def test_line_stop_ends_the_ranking_at_its_line_break(make_tool, reply, ok, reas
     plain, _, _ = make_tool("trainable", lambda p, o: reply, prime_tag=True, reasoning=False)
     (res,) = plain.search([REQ])
     assert res.call.format_ok == ("</rerank>" in reply)
+
+
+def test_line_stop_leaves_a_ranking_cut_by_the_token_limit_unclosed(make_tool):
+    tool, _, _ = make_tool("trainable", lambda p, o: "[3] > [2] > [1] > [0]", prime_tag=True, reasoning=False,
+                           line_stop=True, max_new_tokens=3)
+    (result,) = tool.search([REQ])
+    assert (result.call.format_ok, result.call.reason) == (False, "unclosed_rerank")
 
 
 def test_line_stop_needs_the_no_reasoning_format():

@@ -78,6 +78,11 @@ RANKER_ARMS: dict[str, list[str]] = {
     "no_reasoning": ["ranker.reasoning=false"],
     "no_reasoning+prime_tag": ["ranker.reasoning=false", "ranker.prime_tag=true"],
     "no_reasoning+prime_tag+line_stop": ["ranker.reasoning=false", "ranker.prime_tag=true", "ranker.line_stop=true"],
+    "small+top_k_2": ["ranker.reasoning=false", "ranker.prime_tag=true", "ranker.line_stop=true", "ranker.top_k=2"],
+    "small+temperature_0.7": ["ranker.reasoning=false", "ranker.prime_tag=true", "ranker.line_stop=true",
+                              "ranker.temperature=0.7"],
+    "small+top_k_2+temperature_0.7": ["ranker.reasoning=false", "ranker.prime_tag=true", "ranker.line_stop=true",
+                                      "ranker.top_k=2", "ranker.temperature=0.7"],
 }
 SOLVER_ARMS: dict[str, list[str]] = {
     "baseline": [],

@@ -135,12 +135,13 @@ def build_sharded(corpus: Corpus, spacy_model: Optional[str] = None, cache_dir: 
         if stats["reused"]:
             note(f"entity annotation of corpus {corpus.name!r}: {stats['reused']} of {len(ranges)} shards "
                      f"already done in {root}")
-        with Progress(f"entity annotation of corpus {corpus.name!r} ({workers} process(es))",
+        procs = max(1, min(workers, len(todo)))  # each process loads its own spaCy: none without a shard
+        with Progress(f"entity annotation of corpus {corpus.name!r} ({procs} process(es))",
                       sum(b - a for _, a, b, _ in todo), "passages") as progress:
-            _run_shards(corpus, todo, model, workers, batch_size, progress, on_shard)
+            _run_shards(corpus, todo, model, procs, batch_size, progress, on_shard)
         arrays, vocab, labels = spacy_ner.merge_packed(_parts(dirs), len(corpus))
         write_files(tmp, arrays, vocab, labels,
-                    spacy_ner.index_meta(corpus, model, arrays, vocab, workers, time.perf_counter() - t0))
+                    spacy_ner.index_meta(corpus, model, arrays, vocab, procs, time.perf_counter() - t0))
 
     stats["built"] = cache_entry(entry, build, describe(corpus), legacy_files=LEGACY_FILES)
     if is_complete(entry):  # the shards are in the entry now

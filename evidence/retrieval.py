@@ -27,7 +27,8 @@ from evidence.hits import Hit, Retriever, index_root, live_queries, minilm_path,
 from evidence.http_retrieval import HttpRetriever
 from evidence.mentions import stopwords
 
-__all__ = ["BACKENDS", "Hit", "Retriever", "build_retriever", "index_cache_path", "minilm_path", "tokenize"]  # Hit & co. re-exported
+# Hit & co. re-exported
+__all__ = ["BACKENDS", "Hit", "Retriever", "build_retriever", "index_cache_path", "minilm_path", "tokenize"]
 
 BACKENDS = ("bm25s", "rank_bm25", "dense_minilm", "dense_faiss", "http")
 TOKENIZER_VERSION = "re-word-lower-stop-v1"  # part of the cache key: change it when tokenize changes

@@ -225,8 +225,8 @@ def run_and_report(prog: str, run_dir: Path, body: Callable[[], object]) -> None
     """Run `body` (which claims `run_dir`) and end with its done report; never returns on failure.
 
     Exit codes: 2 when run.dir cannot be used as asked, a model cannot be had or a large corpus's
-    index is not built yet (no report: the run wrote nothing), 1 when the memory estimate exceeds the budget (no report either) or the
-    run stopped on an error, 128 + n when signal n stopped it.
+    index is not built yet (no report: the run wrote nothing), 1 when the memory estimate exceeds
+    the budget (no report either) or the run stopped on an error, 128 + n when signal n stopped it.
     """
     try:
         with stop_on_signals():

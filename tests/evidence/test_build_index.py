@@ -126,8 +126,8 @@ def test_coevo_run_stops_before_ray_when_a_large_corpus_is_not_indexed(small_cor
     proc = subprocess.run(cmd, cwd=ROOT, env=env, capture_output=True, text=True, timeout=600)
     assert proc.returncode == 2, proc.stdout[-2000:] + proc.stderr[-2000:]
     assert "coevo.run: error: corpus 'small' (" in proc.stderr
+    # evidence.max_hops=2: set by experiment=smoke, part of the evidence block the command reproduces
     assert ("build them once (resumable) with: python -m evidence.build_index corpus.name=jsonl "
-            f"corpus.path={small_corpus} evidence.max_hops=2 evidence.build_in_run_max_passages=10\n"  # max_hops: smoke's
-            ) in proc.stderr
+            f"corpus.path={small_corpus} evidence.max_hops=2 evidence.build_in_run_max_passages=10\n") in proc.stderr
     assert not (run_dir / "config.yaml").exists()
     assert "Ray instance" not in (run_dir / "run.log").read_text()

@@ -6,7 +6,8 @@ sentence spans, the entity mentions of each sentence (label + normalized key) an
 offsets of the verb/preposition tokens the graph needs for its relation cues. The result
 is written under `$COEVO_CACHE/entities/` keyed by corpus hash and spaCy model
 name+version, as numpy arrays (`allow_pickle=False`) plus one JSON vocabulary, so a
-second build only loads (no spaCy import at all).
+second build only loads (no spaCy import at all). A large corpus's entry is made beforehand,
+in resumable shards, by `python -m evidence.build_index` (evidence/entity_shards.py).
 """
 from __future__ import annotations
 

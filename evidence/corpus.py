@@ -85,13 +85,31 @@ class Corpus:
     def content_hash(self) -> str:
         """sha256 over ids, titles and texts: the key of every on-disk cache built from it."""
         if self._hash is None:
-            h = hashlib.sha256()
-            for p in self.passages:
-                for part in (p.id, p.title, p.text):
-                    h.update(part.encode("utf-8"))
-                    h.update(b"\x00")
-            self._hash = h.hexdigest()
+            self._hash = hash_passages(self.passages)
         return self._hash
+
+
+def hash_passages(passages: Iterable[Passage]) -> str:
+    """sha256 over ids, titles and texts (`Corpus.content_hash`), of passages streamed once."""
+    h = hashlib.sha256()
+    for p in passages:
+        for part in (p.id, p.title, p.text):
+            h.update(part.encode("utf-8"))
+            h.update(b"\x00")
+    return h.hexdigest()
+
+
+@dataclass(frozen=True)
+class CorpusDigest:
+    """Name, size and content hash of a corpus: what cache keys need, without its passages in memory."""
+
+    name: str
+    source: str
+    n_passages: int
+    content_hash: str
+
+    def __len__(self) -> int:
+        return self.n_passages
 
 
 def shared_data_dir() -> Path:
@@ -199,11 +217,44 @@ def load_corpus(path_or_name: str | os.PathLike) -> Corpus:
             raise CorpusError(f"corpus 'wiki_mini' expects {path} (set COEVO_SHARED_DATA to the shared data dir)")
         report = _report(path)
         return _finish(_read_jsonl(path, report), "wiki_mini", path, report)
+    path = _corpus_file(name)
+    report = _report(path)
+    return _finish(_read_jsonl(path, report), _file_corpus_name(path), path, report)
+
+
+def _corpus_file(name: str) -> Path:
     path = Path(name).expanduser()
     if not path.exists():
         raise CorpusError(f"corpus {name!r} is neither a preset {list(PRESETS)} nor an existing file")
-    report = _report(path)
-    return _finish(_read_jsonl(path, report), path.stem.replace(".jsonl", ""), path, report)
+    return path
+
+
+def _file_corpus_name(path: Path) -> str:
+    return path.stem.replace(".jsonl", "")
+
+
+def digest_corpus(path_or_name: str | os.PathLike) -> CorpusDigest:
+    """What `load_corpus` would load, as a `CorpusDigest`: a file is read once, streaming.
+
+    The passages are validated, cut and skipped exactly as `load_corpus` does, so the hash is
+    its `content_hash`; only the ids stay in memory (the duplicate check). Presets are small: loaded.
+    """
+    name = str(path_or_name)
+    if name in PRESETS:
+        corpus = load_corpus(name)
+        return CorpusDigest(corpus.name, corpus.source, len(corpus), corpus.content_hash)
+    path = _corpus_file(name)
+    count = [0]
+
+    def counted(passages: Iterable[Passage]) -> Iterator[Passage]:
+        for p in passages:
+            count[0] += 1
+            yield p
+
+    digest = hash_passages(counted(_read_jsonl(path, _report(path))))
+    if not count[0]:
+        raise CorpusError(f"{path}: holds no passages")
+    return CorpusDigest(_file_corpus_name(path), str(path), count[0], digest)
 
 
 def corpus_source(cfg: CorpusConfig) -> str:

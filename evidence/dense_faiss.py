@@ -26,6 +26,7 @@ installed), so RAM holds one encoding chunk, not the whole corpus's vectors.
 """
 from __future__ import annotations
 
+import dataclasses
 import hashlib
 import json
 import logging
@@ -150,6 +151,27 @@ def cache_key(cfg: RetrievalConfig, factory_spec: dict[str, Any]) -> str:
     return hashlib.sha256(json.dumps(spec, sort_keys=True).encode()).hexdigest()[:12]
 
 
+def entry_path(corpus: Corpus, cfg: RetrievalConfig, dim: int, cache_dir: Optional[str]) -> tuple[Path, str]:
+    """The cache entry of the configured index over `corpus` (vectors of size `dim`), and its factory string."""
+    factory = factory_string(cfg, len(corpus), dim, corpus.name)
+    key = cache_key(cfg, {"factory": factory, "hnsw_ef_construction": cfg.hnsw_ef_construction
+                          if cfg.index_type == "hnsw" else None})
+    return index_root(cache_dir) / f"dense_faiss-{cfg.index_type}-{key}-{corpus.content_hash[:16]}", factory
+
+
+def index_file(corpus: Corpus, cfg: RetrievalConfig, cache_dir: Optional[str] = None) -> Path:
+    """Where the retriever of `cfg` reads its index: `retrieval.index_path`, else its cache entry.
+
+    The entry's key holds the embedding size, so this loads the encoder (on the CPU: a check
+    before a run must not take a GPU the run's actors need) when there is no `index_path`.
+    """
+    if cfg.index_path:
+        return Path(cfg.index_path).expanduser()
+    probe = load_encoder(dataclasses.replace(cfg, device="cpu"))
+    dim = encode(probe, ["dimension probe"], 1, cfg.normalize).shape[1]
+    return entry_path(corpus, cfg, dim, cache_dir if cache_dir is not None else cfg.cache_dir)[0]
+
+
 class DenseFaissRetriever:
     """Inner-product search of encoded queries over a FAISS index of the corpus."""
 
@@ -163,7 +185,8 @@ class DenseFaissRetriever:
         self.encoder = load_encoder(cfg)
         self.dim = encode(self.encoder, ["dimension probe"], 1, cfg.normalize).shape[1]
         if cfg.index_path:
-            self.index, self.from_cache = self._load_prebuilt(Path(cfg.index_path).expanduser()), True
+            self.path: Path = Path(cfg.index_path).expanduser()
+            self.index, self.from_cache = self._load_prebuilt(self.path), True
         else:
             self.index, self.from_cache = self._cached_index()
         apply_search_params(self.index, cfg)
@@ -192,10 +215,8 @@ class DenseFaissRetriever:
         import faiss
 
         cfg, corpus = self.cfg, self.corpus
-        factory = factory_string(cfg, len(corpus), self.dim, corpus.name)
-        key = cache_key(cfg, {"factory": factory, "hnsw_ef_construction": cfg.hnsw_ef_construction
-                              if cfg.index_type == "hnsw" else None})
-        entry = index_root(self.cache_dir) / f"{self.backend}-{cfg.index_type}-{key}-{corpus.content_hash[:16]}"
+        entry, factory = entry_path(corpus, cfg, self.dim, self.cache_dir)
+        self.path = entry
         built: list[Any] = []
         what = f"the dense_faiss {cfg.index_type} index of corpus {corpus.name!r}"
 

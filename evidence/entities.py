@@ -6,7 +6,8 @@ sentence spans, the entity mentions of each sentence (label + normalized key) an
 offsets of the verb/preposition tokens the graph needs for its relation cues. The result
 is written under `$COEVO_CACHE/entities/` keyed by corpus hash and spaCy model
 name+version, as numpy arrays (`allow_pickle=False`) plus one JSON vocabulary, so a
-second build only loads (no spaCy import at all).
+second build only loads (no spaCy import at all). A large corpus's entry is made beforehand,
+in resumable shards, by `python -m evidence.build_index` (evidence/entity_shards.py).
 """
 from __future__ import annotations
 
@@ -33,6 +34,12 @@ from evidence.mentions import (
 )
 
 MEMO_PASSAGES = 50_000  # decoded passage annotations kept in memory
+LEGACY_FILES = ("meta.json", "vocab.json", "arrays.npz")  # what made an entry complete before markers
+
+
+def describe(corpus: Corpus) -> str:
+    """What an entity cache entry holds, as lock waiters and markers say it."""
+    return f"the entity annotations of corpus {corpus.name!r} ({len(corpus)} passages)"
 
 
 class EntityIndex:
@@ -151,22 +158,35 @@ def _cache_dir(corpus: Corpus, model: str, version: str, cache_dir: Optional[str
     return root / f"{safe_model}-{version}-{ANNOTATOR_VERSION}-{corpus.content_hash[:16]}"
 
 
+def entity_cache_path(corpus: Corpus, spacy_model: Optional[str] = None, cache_dir: Optional[str] = None) -> Path:
+    """The cache entry `build_entity_index` reads or writes for these arguments (it may not exist)."""
+    model = spacy_model or DEFAULT_SPACY_MODEL
+    return _cache_dir(corpus, model, spacy_ner.model_version(model), cache_dir)
+
+
+def read_files(path: Path) -> tuple[dict[str, np.ndarray], list[str], list[str], dict[str, Any]]:
+    """Arrays, vocabulary, labels and meta of a directory written by `write_files`."""
+    meta = json.loads((path / "meta.json").read_text(encoding="utf-8"))
+    strings = json.loads((path / "vocab.json").read_text(encoding="utf-8"))
+    with np.load(path / "arrays.npz", allow_pickle=False) as z:
+        arrays = {k: z[k] for k in z.files}
+    return arrays, strings["vocab"], strings["labels"], meta
+
+
 def _load(path: Path, corpus: Corpus) -> EntityIndex:
     """The index in the complete cache entry `path` (checked by `cache_entry`)."""
-    meta = json.loads((path / "meta.json").read_text(encoding="utf-8"))
+    arrays, vocab, labels, meta = read_files(path)
     if meta.get("corpus_hash") != corpus.content_hash:
         # The entry name holds 16 hex digits of the hash; the full one differs only by a collision
         # or a hand edit, and a complete entry is never rebuilt in place (readers may be using it).
         raise RuntimeError(f"entity cache entry {path} was built for another corpus ({meta.get('corpus')!r}); "
                            "delete it to rebuild")
-    strings = json.loads((path / "vocab.json").read_text(encoding="utf-8"))
-    with np.load(path / "arrays.npz", allow_pickle=False) as z:
-        arrays = {k: z[k] for k in z.files}
-    return EntityIndex(corpus, arrays, strings["vocab"], strings["labels"], meta)
+    return EntityIndex(corpus, arrays, vocab, labels, meta)
 
 
-def _write(directory: Path, arrays: dict[str, np.ndarray], vocab: list[str], labels: list[str],
-           meta: dict[str, Any]) -> None:
+def write_files(directory: Path, arrays: dict[str, np.ndarray], vocab: list[str], labels: list[str],
+                meta: dict[str, Any]) -> None:
+    """The files of an entity index (a cache entry, or one shard of evidence/entity_shards.py)."""
     # Uncompressed npz: loading is a memcpy; compression would cost more than it saves here.
     np.savez(directory / "arrays.npz", **arrays)
     (directory / "vocab.json").write_text(json.dumps({"vocab": vocab, "labels": labels}, ensure_ascii=False),
@@ -184,17 +204,16 @@ def build_entity_index(corpus: Corpus, spacy_model: Optional[str] = None, cache_
     """
     model = spacy_model or DEFAULT_SPACY_MODEL
     t0 = time.perf_counter()
-    path = _cache_dir(corpus, model, spacy_ner.model_version(model), cache_dir)
+    path = entity_cache_path(corpus, model, cache_dir)
     built: list[EntityIndex] = []
 
     def build(tmp: Path) -> None:
         arrays, vocab, labels, meta = spacy_ner.annotate_corpus(corpus, model, n_process=n_process,
                                                                 batch_size=batch_size)
-        _write(tmp, arrays, vocab, labels, meta)
+        write_files(tmp, arrays, vocab, labels, meta)
         built.append(EntityIndex(corpus, arrays, vocab, labels, meta))
 
-    cache_entry(path, build, f"the entity annotations of corpus {corpus.name!r} ({len(corpus)} passages)",
-                legacy_files=("meta.json", "vocab.json", "arrays.npz"))
+    cache_entry(path, build, describe(corpus), legacy_files=LEGACY_FILES)
     index = built[0] if built else _load(path, corpus)
     index.from_cache = not built
     index.path = path

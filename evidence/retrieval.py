@@ -22,12 +22,13 @@ from coevo.core.cache import cache_entry
 from coevo.core.config import RetrievalConfig
 from coevo.core.progress import track
 from evidence.corpus import Corpus
-from evidence.dense_faiss import DenseFaissRetriever, encode_chunks, passage_text
+from evidence.dense_faiss import DenseFaissRetriever, encode_chunks, index_file, passage_text
 from evidence.hits import Hit, Retriever, index_root, live_queries, minilm_path, top_hits
 from evidence.http_retrieval import HttpRetriever
 from evidence.mentions import stopwords
 
-__all__ = ["BACKENDS", "Hit", "Retriever", "build_retriever", "minilm_path", "tokenize"]  # Hit & co. re-exported
+# Hit & co. re-exported
+__all__ = ["BACKENDS", "Hit", "Retriever", "build_retriever", "index_cache_path", "minilm_path", "tokenize"]
 
 BACKENDS = ("bm25s", "rank_bm25", "dense_minilm", "dense_faiss", "http")
 TOKENIZER_VERSION = "re-word-lower-stop-v1"  # part of the cache key: change it when tokenize changes
@@ -68,7 +69,7 @@ class BM25sRetriever:
         logging.getLogger("bm25s").setLevel(logging.WARNING)  # bm25s sets DEBUG on import
         self.corpus = corpus
         t0 = time.perf_counter()
-        path = _index_dir(corpus, self.backend, cache_dir)
+        path = self.path = _index_dir(corpus, self.backend, cache_dir)
         built: list = []
 
         def build(tmp: Path) -> None:
@@ -116,6 +117,7 @@ class RankBM25Retriever:
         self.model = LuceneBM25([tokenize(f"{p.title} {p.text}") for p in corpus], k1=1.5, b=0.75)
         self.build_s = time.perf_counter() - t0
         self.from_cache = False  # rank-bm25 has no persistent format; it is the slow reference
+        self.path = None
 
     def search(self, queries: list[str], k: int) -> list[list[Hit]]:
         out = []
@@ -141,7 +143,7 @@ class DenseMiniLMRetriever:
         self.corpus = corpus
         t0 = time.perf_counter()
         self.encoder = SentenceTransformer(str(minilm_path()), device="cpu")
-        path = _index_dir(corpus, self.backend, cache_dir)
+        path = self.path = _index_dir(corpus, self.backend, cache_dir)
         built: list[np.ndarray] = []
 
         def build(tmp: Path) -> None:
@@ -197,3 +199,17 @@ def build_retriever(corpus: Corpus, backend: str | RetrievalConfig = "bm25s",
     if cfg.backend == "http":
         return HttpRetriever(corpus, cfg)
     raise ValueError(f"retrieval backend {cfg.backend!r} is not valid; expected one of {list(BACKENDS)}")
+
+
+def index_cache_path(corpus: Corpus, cfg: RetrievalConfig, cache_dir: Optional[str] = None) -> Optional[Path]:
+    """Where `build_retriever(corpus, cfg)` reads its index, without building it (it may not exist).
+
+    None for the backends that keep nothing on disk: `rank_bm25` (built in memory, the slow
+    reference) and `http` (a server holds the index).
+    """
+    cache_dir = cache_dir if cache_dir is not None else cfg.cache_dir
+    if cfg.backend in ("bm25s", "dense_minilm"):
+        return _index_dir(corpus, str(cfg.backend), cache_dir)
+    if cfg.backend == "dense_faiss":
+        return index_file(corpus, cfg, cache_dir)
+    return None

@@ -18,12 +18,12 @@ import re
 import time
 from collections import Counter
 from functools import lru_cache
-from typing import Any, Iterable, Optional
+from typing import Any, Iterable, Iterator, Optional, Sequence
 
 import numpy as np
 
 from coevo.core.progress import track
-from evidence.corpus import MAX_PASSAGE_CHARS, Corpus
+from evidence.corpus import MAX_PASSAGE_CHARS, Corpus, Passage
 from evidence.mentions import (
     ALLOWED_LABELS,
     ANNOTATOR_VERSION,
@@ -234,7 +234,7 @@ class _Interner:
         return list(self.ids)
 
 
-def _pack(per_passage: Iterable[tuple[str, list]], n_passages: int) -> tuple[dict[str, np.ndarray], list, list]:
+def pack(per_passage: Iterable[tuple[str, list]], n_passages: int) -> tuple[dict[str, np.ndarray], list, list]:
     """Flatten per-passage sentence records into CSR arrays plus vocabularies."""
     vocab, labels = _Interner(), _Interner()
     sent_ptr, sent_span, ment_ptr, ment, link_ptr, link, title_ent = [0], [], [0], [], [0], [], []
@@ -284,20 +284,53 @@ def default_processes(n_passages: int) -> int:
     return min(4, cores // 2) if cores >= 4 and n_passages >= 2000 else 1
 
 
+def annotate_records(passages: Sequence[Passage], model_name: str, n_process: int = 1,
+                     batch_size: int = 64) -> Iterator[tuple[str, list]]:
+    """Per passage, in order: (title key, `extract_passage` sentences), the records `pack` takes."""
+    docs = load_nlp(model_name).pipe((p.text[:MAX_CHARS] for p in passages), batch_size=batch_size,
+                                     n_process=n_process)
+    return ((title_key(p.title), extract_passage(doc, p.title)) for p, doc in zip(passages, docs))
+
+
+def unpack(arrays: dict[str, np.ndarray], vocab: list[str], labels: list[str]) -> Iterator[tuple[str, list]]:
+    """The records `pack` was given, back from its output (the inverse of `pack`).
+
+    Merging shards is unpacking each in corpus order and packing the whole stream once, so
+    the merged vocabulary, labels and arrays are those of one pass over the corpus.
+    """
+    sent_ptr, sent_span = arrays["sent_ptr"].tolist(), arrays["sent_span"].tolist()
+    ment_ptr, ment = arrays["ment_ptr"].tolist(), arrays["ment"].tolist()
+    link_ptr, link = arrays["link_ptr"].tolist(), arrays["link"].tolist()
+    for p, t_ent in enumerate(arrays["title_ent"].tolist()):
+        sentences = []
+        for s in range(sent_ptr[p], sent_ptr[p + 1]):
+            spans = [(x, y, labels[lb], vocab[e]) for x, y, lb, e in ment[ment_ptr[s]:ment_ptr[s + 1]]]
+            sentences.append((sent_span[s][0], sent_span[s][1], spans, link[link_ptr[s]:link_ptr[s + 1]]))
+        yield vocab[t_ent], sentences
+
+
+def merge_packed(parts: Iterable[tuple[dict[str, np.ndarray], list[str], list[str]]],
+                 n_passages: int) -> tuple[dict[str, np.ndarray], list[str], list[str]]:
+    """One packed index of consecutive packed parts (shards in corpus order) holding `n_passages` in all."""
+    return pack((rec for part in parts for rec in unpack(*part)), n_passages)
+
+
+def index_meta(corpus: Corpus, model_name: str, arrays: dict[str, np.ndarray], vocab: list[str],
+               n_process: int, annotate_s: float) -> dict[str, Any]:
+    """meta.json of an entity index of `corpus` (one-shot or merged from shards)."""
+    return {"spacy_model": model_name, "spacy_version": model_version(model_name),
+            "annotator": ANNOTATOR_VERSION, "corpus_hash": corpus.content_hash, "corpus": corpus.name,
+            "passages": len(corpus), "entities": len(vocab), "mentions": int(arrays["ment"].shape[0]),
+            "n_process": n_process, "annotate_s": round(annotate_s, 3)}
+
+
 def annotate_corpus(corpus: Corpus, model_name: str, n_process: Optional[int] = None,
                     batch_size: int = 64) -> tuple[dict[str, np.ndarray], list[str], list[str], dict[str, Any]]:
     """Run spaCy once over every passage; return the arrays, vocabularies and metadata."""
     t0 = time.perf_counter()
-    nlp = load_nlp(model_name)
     if n_process is None:
         n_process = default_processes(len(corpus))
-    texts = (p.text[:MAX_CHARS] for p in corpus)
-    docs = nlp.pipe(texts, batch_size=batch_size, n_process=n_process)
-    records = ((title_key(p.title), extract_passage(doc, p.title)) for p, doc in zip(corpus, docs))
+    records = annotate_records(corpus.passages, model_name, n_process, batch_size)
     records = track(records, f"entity annotation of corpus {corpus.name!r}", len(corpus), "passages")
-    arrays, vocab, labels = _pack(records, len(corpus))
-    meta = {"spacy_model": model_name, "spacy_version": model_version(model_name),
-            "annotator": ANNOTATOR_VERSION, "corpus_hash": corpus.content_hash, "corpus": corpus.name,
-            "passages": len(corpus), "entities": len(vocab), "mentions": int(arrays["ment"].shape[0]),
-            "n_process": n_process, "annotate_s": round(time.perf_counter() - t0, 3)}
-    return arrays, vocab, labels, meta
+    arrays, vocab, labels = pack(records, len(corpus))
+    return arrays, vocab, labels, index_meta(corpus, model_name, arrays, vocab, n_process, time.perf_counter() - t0)

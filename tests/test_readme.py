@@ -74,7 +74,7 @@ def entry_point(command: str) -> str:
     """`make run`, `coevo.run`, … or "" when the test does not know how to run it."""
     if command.startswith("make run"):
         return "make run"
-    m = re.match(r"\.venv/bin/python -m (coevo\.(?:run|solve|eval|inspect))\b", command)
+    m = re.match(r"\.venv/bin/python -m (coevo\.(?:run|solve|eval|inspect)|evidence\.build_index)\b", command)
     return m.group(1) if m else ""
 
 

@@ -98,6 +98,10 @@ class EvidenceConfig:
     max_question_chars: int = 300  # questions longer than this are rejected
     support_head: bool = False  # corpus support may come from a qualified target's head ("Abuja, Nigeria" -> "Abuja")
     resources: Dict[str, float] = field(default_factory=dict)  # custom Ray resources of the evidence actor (labels)
+    # A run refuses to build the indexes of a bigger corpus in its actors: `python -m evidence.build_index` first.
+    build_in_run_max_passages: int = 50_000  # above this many passages, a missing index stops coevo.run/solve at start
+    shard_passages: int = 10_000  # evidence.build_index: passages per entity-annotation shard (what a rerun resumes)
+    build_workers: Optional[int] = None  # evidence.build_index: annotation processes (None: 1 per 2 cores, at most 4)
 
 
 @dataclass

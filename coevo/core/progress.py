@@ -26,6 +26,14 @@ LOG = logging.getLogger("coevo.progress")
 T = TypeVar("T")
 
 
+def note(text: str, stream: Optional[IO[str]] = None, logger: logging.Logger = LOG) -> None:
+    """One line about a build: through `logger` where logging is set up, else on `stream` (stderr)."""
+    if logger.isEnabledFor(logging.INFO) and logger.hasHandlers():
+        logger.info(text)
+    else:
+        tqdm.write(text, file=stream or sys.stderr)
+
+
 def duration(seconds: float) -> str:
     seconds = int(round(seconds))
     if seconds < 60:
@@ -58,10 +66,7 @@ class Progress:
         self._line(f"{what}: started, {self.total} {unit}")
 
     def _line(self, text: str) -> None:
-        if self.logger.isEnabledFor(logging.INFO) and self.logger.hasHandlers():
-            self.logger.info(text)
-        else:
-            tqdm.write(text, file=self.stream)
+        note(text, self.stream, self.logger)
 
     def line_for(self, done: int, elapsed: float) -> str:
         """The log line after `done` units in `elapsed` seconds (percent, count, rate, elapsed, ETA)."""

@@ -29,6 +29,7 @@ from coevo.orchestrate.cluster import (  # noqa: F401  init_ray: imported from h
 from coevo.orchestrate.hostpaths import HostPathError, Need, check_host_paths, for_workers, needs
 from coevo.train.models import resolve_model_path
 from coevo.train.policy import Policy
+from evidence.build_index import build_command
 from evidence.corpus import corpus_source, load_corpus
 from evidence.pipeline import EvidencePipeline
 from evidence.retrieval import build_retriever
@@ -252,6 +253,15 @@ def _requests(cfg: CoevoConfig, ranker: Optional[PolicyConfig]) -> dict[str, dic
     return out
 
 
+def start_notes(cfg: CoevoConfig) -> dict[str, str]:
+    """Actor name -> what its constructor does (the readiness timeout names it for the actors not ready)."""
+    build = (f"an index not in the cache is built here, inside the readiness window; build indexes once, before "
+             f"the run, with `{build_command(cfg)}` (resumable)")
+    return {**{role: f"loads the {role} model" for role in ("proposer", "solver", "ranker")},
+            "retrieval": f"loads the corpus and its {cfg.retrieval.backend} index; {build}",
+            "evidence": f"loads the corpus, the retriever and the entity index (spaCy over every passage); {build}"}
+
+
 def _policy_actor(cfg: CoevoConfig, policy: PolicyConfig, role: str, seed: int, opts: dict) -> RemotePolicy:
     actor = ray.remote(PolicyWorker).options(**opts).remote(policy, role, seed, tuple(needs(cfg, role, policy)))
     return RemotePolicy(actor, policy, role)
@@ -283,7 +293,7 @@ def create_actors(cfg: CoevoConfig) -> Actors:
         trainable["ranker"] = ranker
     handles = {"proposer": proposer.actor, "solver": solver.actor, "retrieval": retrieval.actor,
                "evidence": evidence.actor, **({"ranker": ranker.actor} if own is not None else {})}
-    placed = wait_until_ready(handles, requests, cfg.ray, call, pg)
+    placed = wait_until_ready(handles, requests, cfg.ray, call, pg, starting=start_notes(cfg))
     placement = {name: {**info, "resources": requests[name]} for name, info in placed.items()}
     return Actors(proposer, solver, ranker, retrieval, evidence, trainable, placement)
 

@@ -186,6 +186,22 @@ def pending_report(pending: list[str], requests: Requests, waited_s: float, plac
             "(other jobs may hold the rest)")
 
 
+def timeout_message(pending: list[str], requests: Requests, timeout_s: float, waited_s: float, placed: bool,
+                    starting: dict[str, str]) -> str:
+    """Why the actors `pending` are not ready after `ray.ready_timeout_s`.
+
+    Placed (their resources held), they are still in their constructors: the cluster is not short
+    of anything, so the message names what each one is doing instead of the free resources.
+    """
+    if not placed:
+        return (f"actors {pending} did not start within ray.ready_timeout_s={timeout_s}s; "
+                + pending_report(pending, requests, waited_s, placed))
+    doing = "; ".join(f"{n}: {starting.get(n, 'its constructor')}" for n in pending)
+    return (f"actors {pending} are placed (the cluster holds their resources) but their constructors had not "
+            f"returned after ray.ready_timeout_s={timeout_s}s: still loading or building, not waiting for "
+            f"CPUs/GPUs. Not ready: {doing}")
+
+
 def _placed(pg: Any) -> bool:
     from ray.util.placement_group import placement_group_table
 
@@ -193,13 +209,15 @@ def _placed(pg: Any) -> bool:
 
 
 def wait_until_ready(handles: dict[str, Any], requests: Requests, ray_cfg: RayConfig,
-                     call: Callable[[Any, str], Any], pg: Any = None) -> dict[str, dict]:
+                     call: Callable[[Any, str], Any], pg: Any = None,
+                     starting: Optional[dict[str, str]] = None) -> dict[str, dict]:
     """Each actor's `ready()` (where it runs), reporting what is pending; fail when it cannot or did not start.
 
     The first report comes after `ray.report_pending_s`, the next ones twice as far apart each
     time (at most a minute). An actor that fails at start (a path its node lacks) fails the
     wait at once, and so does a request the live nodes can no longer hold (a node left);
-    otherwise the wait ends after `ray.ready_timeout_s`.
+    otherwise the wait ends after `ray.ready_timeout_s` (`timeout_message` says why).
+    `starting`: actor name -> what its constructor does, for that message.
     """
     refs = {name: h.ready.remote() for name, h in handles.items()}
     t0, where, gap = time.monotonic(), {}, ray_cfg.report_pending_s
@@ -216,9 +234,8 @@ def wait_until_ready(handles: dict[str, Any], requests: Requests, ray_cfg: RayCo
             return where
         waited = time.monotonic() - t0
         if waited >= ray_cfg.ready_timeout_s:
-            report = pending_report(pending, requests, waited, _placed(pg))
-            raise SchedulingError(f"actors {pending} did not start within ray.ready_timeout_s="
-                                  f"{ray_cfg.ready_timeout_s}s; {report}")
+            raise SchedulingError(timeout_message(pending, requests, ray_cfg.ready_timeout_s, waited, _placed(pg),
+                                                  starting or {}))
         if time.monotonic() >= next_report:
             check_schedulable({n: requests.get(n, {}) for n in refs})
             placed = _placed(pg)  # loading is the normal start (run.log); waiting for the cluster is news

@@ -47,6 +47,7 @@ from coevo.train.checkpoint import (
 from coevo.train.memory import MemoryBudgetError, check_run_memory
 from coevo.train.plan import check_gpu_plan
 from coevo.train.preflight import PreflightError, check_devices, check_models
+from evidence.build_index import IndexNotBuilt, check_prebuilt
 
 log = logging.getLogger(__name__)
 KEEP_CHECKPOINTS = 2  # the newest complete checkpoints kept; older ones are deleted after each save
@@ -92,8 +93,8 @@ def open_run(prog: str, cfg: CoevoConfig, dcfg: DictConfig, with_proposer: bool 
     """Hold run.dir's lock for the block; yields the checkpoint to resume from (None: a fresh start).
 
     Once the run owns run.dir, logging is set up (run.log); then every model is located
-    (`check_models`), the GPU roles planned (`check_gpu_plan`) and the memory estimated, all
-    before Ray or any model starts. The
+    (`check_models`), the GPU roles planned (`check_gpu_plan`), a large corpus's indexes found
+    cached (`check_prebuilt`) and the memory estimated, all before Ray or any model starts. The
     experiment check comes before config.yaml (`dcfg`, resolved) is (re)written: a refused
     resume leaves the stored config as it was.
     """
@@ -103,6 +104,7 @@ def open_run(prog: str, cfg: CoevoConfig, dcfg: DictConfig, with_proposer: bool 
         sources = check_models(cfg, with_proposer)
         check_gpu_plan(cfg, with_proposer)  # arithmetic only: a role too big for its GPU stops before it loads
         check_devices(cfg, with_proposer)  # num_gpus > 0 without a visible GPU: refused, never run on the CPU
+        check_prebuilt(cfg, entities=with_proposer)  # a large corpus's indexes are built before the run, not in it
         say(start_line(prog, cfg, sources, check_run_memory(cfg, with_proposer=with_proposer)))
         config_yaml = OmegaConf.to_yaml(dcfg, resolve=True)
         ckpt = resume_point(cfg, run_dir, config_yaml)
@@ -222,14 +224,14 @@ def error_line(e: BaseException, limit: int = 200) -> str:
 def run_and_report(prog: str, run_dir: Path, body: Callable[[], object]) -> None:
     """Run `body` (which claims `run_dir`) and end with its done report; never returns on failure.
 
-    Exit codes: 2 when run.dir cannot be used as asked or a model cannot be had (no report: the
-    run wrote nothing), 1 when the memory estimate exceeds the budget (no report either) or the
-    run stopped on an error, 128 + n when signal n stopped it.
+    Exit codes: 2 when run.dir cannot be used as asked, a model cannot be had or a large corpus's
+    index is not built yet (no report: the run wrote nothing), 1 when the memory estimate exceeds
+    the budget (no report either) or the run stopped on an error, 128 + n when signal n stopped it.
     """
     try:
         with stop_on_signals():
             body()
-    except (RunDirError, PreflightError) as e:
+    except (RunDirError, PreflightError, IndexNotBuilt) as e:
         report_error(prog, e)
         sys.exit(2)
     except MemoryBudgetError as e:

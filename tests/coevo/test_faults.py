@@ -137,6 +137,15 @@ def test_experiment_differences_name_each_changed_key_and_skip_the_others():
     ]
 
 
+
+def test_how_indexes_get_built_is_not_an_experiment_key():
+    """A resume may change the index-build settings (they change where and how, not what is built)."""
+    stored = {"evidence": {"build_in_run_max_passages": 50000, "shard_passages": 10000, "build_workers": None,
+                           "max_hops": 3}}
+    new = {"evidence": {"build_in_run_max_passages": 0, "shard_passages": 5, "build_workers": 8, "max_hops": 4}}
+    assert experiment_differences(stored, new, {}) == ["evidence.max_hops: stored 3, now 4"]
+
+
 def test_resume_checks_the_stored_config_of_a_real_run(tmp_path):
     stored = OmegaConf.to_yaml(compose(["experiment=smoke", f"run.dir={tmp_path}"]), resolve=True)
     (tmp_path / "config.yaml").write_text(stored)

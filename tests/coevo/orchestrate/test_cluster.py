@@ -127,3 +127,38 @@ def test_waiting_actors_are_reported_then_time_out(monkeypatch):
                                  RayConfig(ready_timeout_s=0.5, report_pending_s=0.1), call=lambda r, w: {})
     assert said and said[0].startswith("ray: after 0s 5 actors wait for resources: proposer (CPU 0.5); ")
     assert said[0].endswith("Free now: node aaaa: CPU 0; node bbbb: CPU 1 (other jobs may hold the rest)")
+
+
+def test_placed_actors_time_out_naming_what_they_are_doing(monkeypatch):
+    """Resources held for every actor but a constructor still busy (an index build): the timeout says so."""
+    from coevo.core.config import RayConfig, compose, to_object
+    from coevo.orchestrate import actors, cluster
+
+    class Handle:
+        class ready:  # noqa: N801  the shape of an actor method
+            @staticmethod
+            def remote():
+                return object()
+
+    def only_policies_ready(refs, num_returns, timeout):
+        time.sleep(timeout)
+        return [], refs
+
+    monkeypatch.setattr(cluster.ray, "wait", only_policies_ready)
+    monkeypatch.setattr(cluster, "node_totals", lambda: TWO_NODES)
+    monkeypatch.setattr(cluster, "_placed", lambda pg: True)
+    monkeypatch.setattr(cluster, "say", lambda line: None)
+    cfg = to_object(compose(["corpus=jsonl", "corpus.path=/data/wiki-18.jsonl"]))
+    requests = default_requests(0.5)
+    with pytest.raises(cluster.SchedulingError) as err:
+        cluster.wait_until_ready({n: Handle for n in requests}, requests,
+                                 RayConfig(ready_timeout_s=0.3, report_pending_s=0.1), call=lambda r, w: {},
+                                 starting=actors.start_notes(cfg))
+    text = str(err.value)
+    assert "are placed (the cluster holds their resources) but their constructors had not returned" in text
+    assert "not waiting for CPUs/GPUs" in text and "Free now" not in text
+    assert ("evidence: loads the corpus, the retriever and the entity index (spaCy over every passage); an index "
+            "not in the cache is built here, inside the readiness window; build indexes once, before the run, "
+            "with `python -m evidence.build_index corpus.name=jsonl corpus.path=/data/wiki-18.jsonl` (resumable)"
+            ) in text
+    assert "solver: loads the solver model" in text

@@ -1,0 +1,199 @@
+"""`python -m evidence.build_index <overrides>`: build and cache every index a run needs, once, outside Ray.
+
+The overrides are those of `coevo.run` (`corpus=jsonl corpus.path=… retrieval=e5_faiss …`);
+what gets built is what a run with them would otherwise build inside its actors:
+- the retrieval index of `retrieval.backend` (bm25s, dense_minilm, dense_faiss: the backends'
+  own cached builders; `rank_bm25` keeps nothing on disk, `http` is served elsewhere, and a
+  `retrieval.index_path` file is used as it is);
+- the entity index (evidence/entities.py), annotated in resumable shards of
+  `evidence.shard_passages` passages by `evidence.build_workers` processes
+  (evidence/entity_shards.py): a killed build reruns from the shards it finished.
+Progress goes to stderr; the last line on stdout is one JSON object: per index kind its cache
+path, bytes on disk, seconds and whether it was already cached.
+
+`coevo.run` refuses to start when a corpus has more than `evidence.build_in_run_max_passages`
+passages and an index it needs is not cached (`check_prebuilt`): at wiki-18 scale the build
+takes hours, longer than the actors' readiness window (`ray.ready_timeout_s`).
+"""
+from __future__ import annotations
+
+import dataclasses
+import json
+import os
+import re
+import shlex
+import sys
+import time
+from enum import Enum
+from pathlib import Path
+from typing import Any, Optional, Sequence
+
+from coevo.core.cache import is_complete
+from coevo.core.config import CoevoConfig, compose, to_object
+from coevo.core.console import setup_logging
+from evidence.corpus import PRESETS, Corpus, CorpusDigest, corpus_source, digest_corpus, load_corpus
+from evidence.entities import entity_cache_path
+from evidence.entity_shards import build_sharded
+from evidence.retrieval import build_retriever, index_cache_path
+
+PROG = "python -m evidence.build_index"
+BLOCKS = ("corpus", "retrieval", "evidence")  # the config blocks that decide which indexes a run needs
+_PLAIN = re.compile(r"[A-Za-z_/.~][\w./~-]*")  # a Hydra override value that needs no quotes
+
+
+class IndexNotBuilt(RuntimeError):
+    """A large corpus's index is not cached; the message names it and the command that builds it."""
+
+
+def _value(v: Any) -> str:
+    """A config value as a Hydra override value."""
+    if v is None:
+        return "null"
+    if isinstance(v, bool):
+        return str(v).lower()
+    if isinstance(v, Enum):
+        return str(v.value)
+    if isinstance(v, str) and not _PLAIN.fullmatch(v):
+        return "'" + v.replace("\\", "\\\\").replace("'", "\\'") + "'"  # Hydra's quoted string
+    return str(v)
+
+
+def index_overrides(cfg: CoevoConfig) -> list[str]:
+    """`key=value` for every key of the corpus, retrieval and evidence blocks that differs from the schema.
+
+    Derived from the config rather than the command line: an experiment preset or a config
+    group sets these keys too, and these overrides reproduce the blocks whatever set them.
+    """
+    out = []
+    for block in BLOCKS:
+        node = getattr(cfg, block)
+        for f in dataclasses.fields(node):
+            value = getattr(node, f.name)
+            if isinstance(value, dict):  # Ray resource labels: where an actor runs, not what it builds
+                continue
+            default = f.default if f.default is not dataclasses.MISSING else f.default_factory()  # type: ignore[misc]
+            if value != default:
+                out.append(f"{block}.{f.name}={_value(value)}")
+    return out
+
+
+def build_command(cfg: CoevoConfig) -> str:
+    """The shell command that builds the indexes of `cfg` (as `check_prebuilt` prints it)."""
+    return " ".join([PROG, *(shlex.quote(o) for o in index_overrides(cfg))])
+
+
+def missing_indexes(cfg: CoevoConfig, corpus: Corpus | CorpusDigest, entities: bool = True) -> list[tuple[str, Path]]:
+    """(what, cache path) of each index `cfg` needs over `corpus` that is not a complete cache entry.
+
+    A `retrieval.index_path` file is the user's, never built here (its retriever checks it).
+    """
+    out: list[tuple[str, Path]] = []
+    if not cfg.retrieval.index_path:
+        path = index_cache_path(corpus, cfg.retrieval)  # type: ignore[arg-type]  # a digest has what keys need
+        if path is not None and not is_complete(path):
+            out.append((f"the {cfg.retrieval.backend} retrieval index", path))
+    if entities:
+        path = entity_cache_path(corpus, cfg.evidence.spacy_model)  # type: ignore[arg-type]
+        if not is_complete(path):
+            out.append((f"the entity index ({cfg.evidence.spacy_model})", path))
+    return out
+
+
+def check_prebuilt(cfg: CoevoConfig, entities: bool = True) -> None:
+    """Raise IndexNotBuilt when the corpus is over `evidence.build_in_run_max_passages` and an index is missing.
+
+    `entities=False`: the command uses no evidence stage (coevo.solve). A corpus at or under
+    the limit returns after counting it: a run builds its indexes as before. A large file is
+    read once here, streaming (minutes at wiki-18 size, against hours of building in the actors).
+    """
+    limit = cfg.evidence.build_in_run_max_passages
+    source = corpus_source(cfg.corpus)
+    if source not in PRESETS and not Path(source).expanduser().exists():
+        return  # not on this node: each actor's host-path check names the node and the key (a cluster run)
+    digest = digest_corpus(source)
+    if len(digest) <= limit:
+        return
+    missing = missing_indexes(cfg, digest, entities)
+    if missing:
+        listed = "; ".join(f"{what} at {path}" for what, path in missing)
+        raise IndexNotBuilt(
+            f"corpus {digest.name!r} ({digest.source}) has {len(digest)} passages, more than "
+            f"evidence.build_in_run_max_passages={limit}, and these indexes are not cached: {listed}. A run does "
+            f"not build them inside its actors (hours at this size, past ray.ready_timeout_s); build them once "
+            f"(resumable) with: {build_command(cfg)}")
+
+
+def disk_bytes(path: Optional[Path]) -> Optional[int]:
+    """Bytes of the files under `path` (a file counts itself); None for no path."""
+    if path is None or not path.exists():
+        return None
+    if path.is_file():
+        return path.stat().st_size
+    return sum(f.stat().st_size for f in path.rglob("*") if f.is_file())
+
+
+def build_retrieval(corpus: Corpus, cfg: CoevoConfig) -> dict[str, Any]:
+    """The retrieval index of `cfg` (built or found cached) and its summary entry."""
+    backend = str(cfg.retrieval.backend)
+    if backend == "http":
+        return {"kind": backend, "path": None, "bytes": None, "seconds": 0.0, "cached": None,
+                "note": f"served by {cfg.retrieval.url}; nothing to build here"}
+    t0 = time.perf_counter()
+    retriever = build_retriever(corpus, cfg.retrieval)
+    path = getattr(retriever, "path", None)
+    entry: dict[str, Any] = {"kind": backend, "path": str(path) if path else None, "bytes": disk_bytes(path),
+                             "seconds": round(time.perf_counter() - t0, 3), "cached": retriever.from_cache}
+    if path is None:
+        entry["note"] = "rank_bm25 keeps its index in memory only; every run rebuilds it"
+    return entry
+
+
+def build_entities(corpus: Corpus, cfg: CoevoConfig) -> dict[str, Any]:
+    """The entity index of `cfg` from resumable shards, and its summary entry."""
+    t0 = time.perf_counter()
+    stats = build_sharded(corpus, cfg.evidence.spacy_model, shard_passages=cfg.evidence.shard_passages,
+                          workers=cfg.evidence.build_workers)
+    path = Path(stats["path"])
+    return {"kind": "entities", "path": str(path), "bytes": disk_bytes(path),
+            "seconds": round(time.perf_counter() - t0, 3), "cached": not stats["built"], "shards": stats["shards"],
+            "shards_reused": stats["reused"], "shards_annotated": stats["annotated"]}
+
+
+def build_all(cfg: CoevoConfig) -> dict[str, Any]:
+    """Build (or find cached) every index of `cfg`; returns the summary `main` prints."""
+    t0 = time.perf_counter()
+    corpus = load_corpus(corpus_source(cfg.corpus))
+    summary: dict[str, Any] = {"corpus": {"name": corpus.name, "source": corpus.source, "passages": len(corpus),
+                                          "hash": corpus.content_hash[:16]}}
+    summary["retrieval"] = build_retrieval(corpus, cfg)
+    summary["entities"] = build_entities(corpus, cfg)
+    summary["seconds"] = round(time.perf_counter() - t0, 3)
+    return summary
+
+
+def main(argv: Optional[Sequence[str]] = None) -> None:
+    """Parse the overrides, build, print the summary line; errors exit 2 naming the key or file."""
+    args = list(sys.argv[1:] if argv is None else argv)
+    if any(a in ("-h", "--help") for a in args):
+        print(__doc__)
+        return
+    flags = [a for a in args if a.startswith("-")]
+    try:
+        if flags:
+            raise ValueError(f"unknown option {flags[0]!r}; expected only coevo.run overrides (key=value)")
+        cfg = to_object(compose(args))
+    except (ValueError, FileNotFoundError) as e:
+        print(f"evidence.build_index: error: {e}", file=sys.stderr)
+        sys.exit(2)
+    setup_logging(cfg.log.level)  # progress lines on the terminal; there is no run.log
+    os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")  # shard workers are processes already
+    try:
+        summary = build_all(cfg)
+    except (ValueError, FileNotFoundError) as e:  # a corpus file or config value the build cannot use
+        print(f"evidence.build_index: error: {e}", file=sys.stderr)
+        sys.exit(2)
+    print(json.dumps(summary), flush=True)
+
+
+if __name__ == "__main__":
+    main()

@@ -298,7 +298,7 @@ class Policy:
             return {"skipped": True}
         t0 = time.perf_counter()
         for s in batch:
-            _check_sequence(s)
+            check_sequence(s)
         n_tokens = int(sum(sum(1 for m in s.loss_mask[1:] if m) for s in batch))
         if n_tokens == 0:
             return {"skipped": True, "n_seqs": len(batch), "n_tokens": 0}
@@ -387,7 +387,7 @@ def _prompt_key(s: TrainSequence) -> tuple[int, ...]:
     return tuple(s.input_ids[:first])
 
 
-def _check_sequence(s: TrainSequence) -> None:
+def check_sequence(s: TrainSequence) -> None:
     n = len(s.input_ids)
     if len(s.loss_mask) != n:
         raise ValueError(f"TrainSequence loss_mask has {len(s.loss_mask)} entries for {n} input_ids")

@@ -2,8 +2,10 @@
 
 Roles live in their own modules (coevo/policy.py, evidence/, solver/); this module only
 creates the actors and wires them: one actor per trainable policy, one retrieval actor
-(corpus + index), one evidence actor (spaCy + entity index). The proxies expose the same
-methods the episode code calls (`generate`, `chat_prompt_ids`, `tokenizer`, `search`,
+(corpus + index), one evidence actor (spaCy + entity index). A policy with `num_gpus = n > 1`
+is a group of n worker actors, one GPU each, sharing one torch.distributed process group
+(coevo/train/sharded.py), behind a proxy with the single actor's interface (`RemoteShardedPolicy`).
+The proxies expose the same methods the episode code calls (`generate`, `chat_prompt_ids`, `tokenizer`, `search`,
 `corpus[pid]`), so `solver.agent.run_episodes` runs unchanged against remote actors.
 """
 from __future__ import annotations
@@ -29,6 +31,7 @@ from coevo.orchestrate.cluster import (  # noqa: F401  init_ray: imported from h
 from coevo.orchestrate.hostpaths import HostPathError, Need, check_host_paths, for_workers, needs
 from coevo.train.models import resolve_model_path
 from coevo.train.policy import Policy
+from coevo.train.sharded import ShardedPolicy, check_shardable
 from evidence.corpus import corpus_source, load_corpus
 from evidence.pipeline import EvidencePipeline
 from evidence.retrieval import build_retriever
@@ -96,6 +99,64 @@ class PolicyWorker:
 
     def load(self, directory: str) -> None:
         self.policy.load(directory)
+
+
+class ShardedWorker:
+    """Actor body for one rank of a sharded policy (`RemoteShardedPolicy`): built in two steps,
+    because every rank must be alive before any of them can join the process group."""
+
+    def __init__(self, cfg: PolicyConfig, role: str, seed: int, rank: int, world: int,
+                 wanted: tuple[Need, ...] = ()) -> None:
+        import torch
+
+        check_host_paths(role, list(wanted))
+        _limit_threads(max(1.0, cfg.num_cpus / world))
+        torch.manual_seed(seed)  # the same on every rank: the ranks must start from the same weights
+        self.cfg, self.role, self.rank, self.world = cfg, role, rank, world
+        self.policy: Optional[ShardedPolicy] = None
+
+    def ready(self) -> dict:
+        return where()
+
+    def endpoint(self) -> tuple[str, int]:
+        """Rank 0's address and a free port on it: where the process group meets."""
+        with socket.socket() as s:
+            s.bind(("", 0))
+            return ray.util.get_node_ip_address(), s.getsockname()[1]
+
+    def setup(self, address: str, port: int, backend: str) -> dict:
+        """Join the process group (every rank at once), then load and shard the policy."""
+        import torch.distributed as dist
+
+        dist.init_process_group(backend, init_method=f"tcp://{address}:{port}", rank=self.rank,
+                                world_size=self.world)
+        self.policy = ShardedPolicy.from_config(self.cfg, self.role)
+        return self.info()
+
+    def _policy(self) -> ShardedPolicy:
+        if self.policy is None:
+            raise RuntimeError(f"{self.role} rank {self.rank}: setup() has not run")
+        return self.policy
+
+    def info(self) -> dict:
+        policy = self._policy()
+        return {"params": policy.num_parameters(), "frozen": policy.frozen, "device": str(policy.policy.device),
+                "rank": self.rank, "world": self.world}
+
+    def chat_prompt_ids(self, messages_batch: list[list[dict]]) -> list[list[int]]:
+        return [self._policy().chat_prompt_ids(m) for m in messages_batch]
+
+    def generate(self, prompts: list[list[int]], sampling: SamplingParams) -> list[list[Completion]]:
+        return self._policy().generate(prompts, sampling)
+
+    def update(self, batch: list) -> dict:
+        return self._policy().update(batch)
+
+    def save(self, directory: str) -> str:
+        return str(self._policy().save(directory))
+
+    def load(self, directory: str) -> None:
+        self._policy().load(directory)
 
 
 class RetrievalWorker:
@@ -229,6 +290,70 @@ class RemotePolicy:
         call(self.actor.load.remote(os.path.abspath(directory)), f"{self.role} load")
 
 
+def gather(refs: list[Any], what: str) -> list[Any]:
+    """Every result of `refs`, failing at the first that fails: the other ranks of a sharded
+    policy may then wait forever in a collective, so waiting for all of them in order would hang."""
+    pending = list(refs)
+    while pending:
+        done, pending = ray.wait(pending, num_returns=1)
+        for ref in done:
+            call(ref, what)
+    return [call(ref, what) for ref in refs]
+
+
+class RemoteShardedPolicy(RemotePolicy):
+    """Driver-side stand-in for a sharded policy: `RemotePolicy`'s interface over one worker per rank.
+
+    `update`, `save` and `load` go to every rank (they are collectives; the batch is put in the
+    object store once); generation and prompts go to rank 0, which generates with its own copy
+    of the weights (coevo/train/sharded.py). `actor` is rank 0, `workers` all of them. Each worker
+    gets `options[rank]` (its bundle); `backend` is NCCL for GPUs, gloo for CPU workers (tests).
+    `start()` joins the process group and loads the model once every worker is placed.
+    """
+
+    def __init__(self, cfg: PolicyConfig, role: str, seed: int, options: list[dict], wanted: tuple[Need, ...] = (),
+                 backend: str = "nccl") -> None:
+        remote = ray.remote(ShardedWorker)
+        self.workers = [remote.options(**opts).remote(cfg, role, seed, rank, len(options), wanted)
+                        for rank, opts in enumerate(options)]
+        self.backend = backend
+        super().__init__(self.workers[0], cfg, role)
+
+    def start(self) -> list[dict]:
+        """Every rank's `info()` once the process group is up and the sharded model loaded."""
+        address, port = call(self.workers[0].endpoint.remote(), f"{self.role} rank 0 endpoint")
+        return gather([w.setup.remote(address, port, self.backend) for w in self.workers], f"{self.role} start-up")
+
+    def update(self, batch: list) -> dict:
+        ref = ray.put(batch)
+        return gather([w.update.remote(ref) for w in self.workers], f"{self.role} update")[0]
+
+    def save(self, directory: str) -> str:
+        path = os.path.abspath(directory)
+        return gather([w.save.remote(path) for w in self.workers], f"{self.role} save")[0]
+
+    def load(self, directory: str) -> None:
+        path = os.path.abspath(directory)
+        gather([w.load.remote(path) for w in self.workers], f"{self.role} load")
+
+
+def sharded_gpus(policy: PolicyConfig, role: str) -> int:
+    """The ranks of a role: `num_gpus` when above 1 (a whole number), else 0 (one actor, no group)."""
+    n = float(policy.num_gpus)
+    if n <= 1:
+        return 0
+    if n != int(n):
+        raise ValueError(f"config key {role}.num_gpus={n:g}: above 1 a role is sharded over whole GPUs; expected an "
+                         "integer")
+    check_shardable(policy, role)
+    return int(n)
+
+
+def rank_names(role: str, ranks: int) -> list[str]:
+    """Actor names of a role's workers: the role itself for rank 0, `<role>.<rank>` for the others."""
+    return [role] + [f"{role}.{r}" for r in range(1, ranks)]
+
+
 @dataclass
 class Actors:
     """Every actor of a run plus the driver-side proxies the loop uses."""
@@ -243,9 +368,20 @@ class Actors:
 
 
 def _requests(cfg: CoevoConfig, ranker: Optional[PolicyConfig]) -> dict[str, dict[str, float]]:
-    """Actor name -> the Ray resources it requests, in start order."""
-    out = {r: request_of(p.num_cpus, p.num_gpus, p.resources)
-           for r, p in (("proposer", cfg.proposer), ("solver", cfg.solver), ("ranker", ranker)) if p is not None}
+    """Actor name -> the Ray resources it requests, in start order.
+
+    A sharded role (`num_gpus = n > 1`) is n workers, each one bundle of {GPU 1, CPU num_cpus / n}
+    in the run's placement group: the role asks for what it did as one actor, and Ray may place
+    its ranks on several nodes (NCCL reaches them) when `ray.placement=spread`.
+    """
+    out: dict[str, dict[str, float]] = {}
+    for role, p in (("proposer", cfg.proposer), ("solver", cfg.solver), ("ranker", ranker)):
+        if p is None:
+            continue
+        ranks = sharded_gpus(p, role)
+        for name in rank_names(role, ranks) if ranks else [role]:
+            out[name] = request_of(p.num_cpus / ranks, 1, p.resources) if ranks else request_of(
+                p.num_cpus, p.num_gpus, p.resources)
     # One core each: BM25 search and spaCy are single-threaded (_limit_threads(1)).
     out["retrieval"] = request_of(1, 0, cfg.retrieval.resources)
     out["evidence"] = request_of(1, 0, cfg.evidence.resources)
@@ -253,8 +389,22 @@ def _requests(cfg: CoevoConfig, ranker: Optional[PolicyConfig]) -> dict[str, dic
 
 
 def _policy_actor(cfg: CoevoConfig, policy: PolicyConfig, role: str, seed: int, opts: dict) -> RemotePolicy:
-    actor = ray.remote(PolicyWorker).options(**opts).remote(policy, role, seed, tuple(needs(cfg, role, policy)))
+    """One actor, or a sharded role's workers (`opts`: actor name -> options, every rank's among them)."""
+    wanted = tuple(needs(cfg, role, policy))
+    ranks = sharded_gpus(policy, role)
+    if ranks:
+        return RemoteShardedPolicy(policy, role, seed, [opts[n] for n in rank_names(role, ranks)], wanted)
+    actor = ray.remote(PolicyWorker).options(**opts[role]).remote(policy, role, seed, wanted)
     return RemotePolicy(actor, policy, role)
+
+
+def _handles(proxies: dict[str, Optional[RemotePolicy]]) -> dict[str, Any]:
+    """Actor name -> handle of every policy actor, each rank of a sharded role by its own name."""
+    out = {}
+    for role, proxy in proxies.items():
+        workers = proxy.workers if isinstance(proxy, RemoteShardedPolicy) else [proxy.actor] if proxy else []
+        out.update(zip(rank_names(role, len(workers)), workers))
+    return out
 
 
 def create_actors(cfg: CoevoConfig) -> Actors:
@@ -271,19 +421,22 @@ def create_actors(cfg: CoevoConfig) -> Actors:
     requests = _requests(cfg, own)
     check_schedulable(requests)
     pg, opts = placement_options(requests, cfg.ray.placement)
-    proposer = _policy_actor(cfg, cfg.proposer, "proposer", cfg.seed + 1, opts["proposer"])
-    solver = _policy_actor(cfg, cfg.solver, "solver", cfg.seed + 2, opts["solver"])
+    proposer = _policy_actor(cfg, cfg.proposer, "proposer", cfg.seed + 1, opts)
+    solver = _policy_actor(cfg, cfg.solver, "solver", cfg.seed + 2, opts)
     ranker: Optional[RemotePolicy] = None
     if cfg.ranker.mode in ("trainable", "frozen"):
-        ranker = solver if own is None else _policy_actor(cfg, own, "ranker", cfg.seed + 3, opts["ranker"])
+        ranker = solver if own is None else _policy_actor(cfg, own, "ranker", cfg.seed + 3, opts)
     retrieval = RemoteRetriever(ray.remote(RetrievalWorker).options(**opts["retrieval"]).remote(cfg))
     evidence = RemoteEvidence(ray.remote(EvidenceWorker).options(**opts["evidence"]).remote(cfg))
     trainable = {r: p for r, p in (("proposer", proposer), ("solver", solver)) if not p.frozen}
     if ranker is not None and ranker is not solver and not ranker.frozen:
         trainable["ranker"] = ranker
-    handles = {"proposer": proposer.actor, "solver": solver.actor, "retrieval": retrieval.actor,
-               "evidence": evidence.actor, **({"ranker": ranker.actor} if own is not None else {})}
+    policies = {"proposer": proposer, "solver": solver, "ranker": ranker if own is not None else None}
+    handles = {**_handles(policies), "retrieval": retrieval.actor, "evidence": evidence.actor}
     placed = wait_until_ready(handles, requests, cfg.ray, call, pg)
+    for proxy in policies.values():  # every rank placed: the process groups can form
+        if isinstance(proxy, RemoteShardedPolicy):
+            proxy.start()
     placement = {name: {**info, "resources": requests[name]} for name, info in placed.items()}
     return Actors(proposer, solver, ranker, retrieval, evidence, trainable, placement)
 

@@ -99,7 +99,7 @@ class Policy:
         self.engine = engine if engine is not None else build_engine(cfg, self.model, tokenizer)
 
     def build_optimizer(self) -> None:
-        """A fresh AdamW over the trainable parameters (again after coevo/train/sharded.py replaces them with shards)."""
+        """A fresh AdamW over the trainable parameters (again once coevo/train/sharded.py has sharded them)."""
         params = [p for p in self.model.parameters() if p.requires_grad]
         self.optimizer = torch.optim.AdamW(params, lr=self.cfg.lr, weight_decay=self.cfg.weight_decay)
 

@@ -31,7 +31,7 @@ from coevo.orchestrate.cluster import (  # noqa: F401  init_ray: imported from h
 from coevo.orchestrate.hostpaths import HostPathError, Need, check_host_paths, for_workers, needs
 from coevo.train.models import resolve_model_path
 from coevo.train.policy import Policy
-from coevo.train.sharded import ShardedPolicy, check_shardable
+from coevo.train.sharded import ShardedPolicy, shard_count
 from evidence.corpus import corpus_source, load_corpus
 from evidence.pipeline import EvidencePipeline
 from evidence.retrieval import build_retriever
@@ -337,18 +337,6 @@ class RemoteShardedPolicy(RemotePolicy):
         gather([w.load.remote(path) for w in self.workers], f"{self.role} load")
 
 
-def sharded_gpus(policy: PolicyConfig, role: str) -> int:
-    """The ranks of a role: `num_gpus` when above 1 (a whole number), else 0 (one actor, no group)."""
-    n = float(policy.num_gpus)
-    if n <= 1:
-        return 0
-    if n != int(n):
-        raise ValueError(f"config key {role}.num_gpus={n:g}: above 1 a role is sharded over whole GPUs; expected an "
-                         "integer")
-    check_shardable(policy, role)
-    return int(n)
-
-
 def rank_names(role: str, ranks: int) -> list[str]:
     """Actor names of a role's workers: the role itself for rank 0, `<role>.<rank>` for the others."""
     return [role] + [f"{role}.{r}" for r in range(1, ranks)]
@@ -378,7 +366,7 @@ def _requests(cfg: CoevoConfig, ranker: Optional[PolicyConfig]) -> dict[str, dic
     for role, p in (("proposer", cfg.proposer), ("solver", cfg.solver), ("ranker", ranker)):
         if p is None:
             continue
-        ranks = sharded_gpus(p, role)
+        ranks = shard_count(p, role)
         for name in rank_names(role, ranks) if ranks else [role]:
             out[name] = request_of(p.num_cpus / ranks, 1, p.resources) if ranks else request_of(
                 p.num_cpus, p.num_gpus, p.resources)
@@ -391,7 +379,7 @@ def _requests(cfg: CoevoConfig, ranker: Optional[PolicyConfig]) -> dict[str, dic
 def _policy_actor(cfg: CoevoConfig, policy: PolicyConfig, role: str, seed: int, opts: dict) -> RemotePolicy:
     """One actor, or a sharded role's workers (`opts`: actor name -> options, every rank's among them)."""
     wanted = tuple(needs(cfg, role, policy))
-    ranks = sharded_gpus(policy, role)
+    ranks = shard_count(policy, role)
     if ranks:
         return RemoteShardedPolicy(policy, role, seed, [opts[n] for n in rank_names(role, ranks)], wanted)
     actor = ray.remote(PolicyWorker).options(**opts[role]).remote(policy, role, seed, wanted)

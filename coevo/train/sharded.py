@@ -83,6 +83,18 @@ def split_by_tokens(counts: list[int], world: int) -> list[list[int]]:
     return [sorted(r) for r in ranks]
 
 
+def shard_count(cfg: PolicyConfig, role: str) -> int:
+    """The ranks a role is sharded over: `num_gpus` when above 1 (a whole number, checked shardable), else 0."""
+    n = float(cfg.num_gpus)
+    if n <= 1:
+        return 0
+    if n != int(n):
+        raise ValueError(f"config key {role}.num_gpus={n:g}: above 1 a role is sharded over whole GPUs; expected an "
+                         "integer")
+    check_shardable(cfg, role)
+    return int(n)
+
+
 def check_shardable(cfg: PolicyConfig, role: str) -> None:
     """Refuse what the sharded path does not do, naming the config key."""
     if cfg.frozen:

@@ -433,7 +433,14 @@ def create_local_actors(cfg: CoevoConfig, with_proposer: bool = True) -> Actors:
     """The same wiring in one process, without Ray (tests and debugging; `ray.local=true`).
 
     `with_proposer=False` (`coevo.solve`) loads neither the proposer nor the evidence stage.
+    A sharded role (`num_gpus > 1`) needs its Ray worker group: refused here, never run on one GPU.
     """
+    for role in ("proposer", "solver", "ranker") if with_proposer else ("solver", "ranker"):
+        n = getattr(cfg, role).num_gpus
+        if n > 1:
+            raise ValueError(f"config key {role}.num_gpus={n:g} shards the {role} over a Ray worker group, which "
+                             f"ray.local=true (one process) cannot hold; expected ray.local=false or "
+                             f"{role}.num_gpus <= 1")
     proposer = Policy.from_config(cfg.proposer, "proposer") if with_proposer else None
     solver = Policy.from_config(cfg.solver, "solver")
     ranker = None

@@ -267,7 +267,11 @@ class ShardedPolicy:
         return Path(directory)
 
     def load(self, directory: str | Path) -> None:
-        """Restore `save`'s (or `Policy.save`'s) weights and optimizer state; every rank reads the directory."""
+        """Restore `save`'s (or `Policy.save`'s) weights and optimizer state.
+
+        Rank 0 reads the directory and broadcasts; each rank keeps its shards (one full copy in host
+        memory, not one per rank). Every rank checks the optimizer file, so all fail together.
+        """
         from transformers import AutoModelForCausalLM
 
         p = self.policy
@@ -277,11 +281,14 @@ class ShardedPolicy:
         if not opt_path.is_file():
             raise FileNotFoundError(f"{opt_path} is missing: the trainable {self.role} cannot resume without its "
                                     "optimizer state")
-        full = AutoModelForCausalLM.from_pretrained(directory, dtype=torch.float32).state_dict()
-        set_model_state_dict(p.model, full, options=StateDictOptions(full_state_dict=True))
-        saved = torch.load(opt_path, map_location="cpu", weights_only=True)
-        set_optimizer_state_dict(p.model, p.optimizer, _by_name(saved, _trained_names(p.model)),
-                                 options=StateDictOptions(full_state_dict=True))
+        weights: dict = {}
+        optim: dict = {}
+        if self.rank == 0:
+            weights = AutoModelForCausalLM.from_pretrained(directory, dtype=torch.float32).state_dict()
+            optim = _by_name(torch.load(opt_path, map_location="cpu", weights_only=True), _trained_names(p.model))
+        options = StateDictOptions(full_state_dict=True, broadcast_from_rank0=True)
+        set_model_state_dict(p.model, weights, options=options)
+        set_optimizer_state_dict(p.model, p.optimizer, optim, options=options)
         self._sync_engine()
 
 

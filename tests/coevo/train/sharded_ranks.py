@@ -18,10 +18,10 @@ from coevo.train.sharded import ShardedPolicy
 GREEDY = SamplingParams(temperature=0.0, max_new_tokens=6)
 
 
-def config() -> PolicyConfig:
+def config(checkpointing: bool = False) -> PolicyConfig:
     """Two epochs (old log-probs forwarded where missing), a KL reference, micro-batches of two."""
     return PolicyConfig(preset="test", model="unused", engine="hf", lr=1e-2, kl_coef=0.05, ppo_epochs=2,
-                        micro_batch_size=2)
+                        micro_batch_size=2, gradient_checkpointing=checkpointing)
 
 
 def batches() -> list[list[TrainSequence]]:
@@ -37,11 +37,11 @@ def batches() -> list[list[TrainSequence]]:
     return [out, [lone]]
 
 
-def single(model_dir: str, out: Path) -> None:
+def single(model_dir: str, out: Path, checkpointing: bool = False) -> None:
     """The reference: one process, `Policy.update` on each batch, saved after each."""
     torch.manual_seed(0)
     model, tok = load_model_and_tokenizer(model_dir)
-    policy = Policy(config(), model, tok, "solver")
+    policy = Policy(config(checkpointing), model, tok, "solver")
     record = {}
     for name, batch in zip("ab", batches()):
         record[name] = policy.update(batch)
@@ -50,7 +50,7 @@ def single(model_dir: str, out: Path) -> None:
     (out / "metrics.json").write_text(json.dumps(record))
 
 
-def rank_main(rank: int, world: int, port: int, model_dir: str, out: str) -> None:
+def rank_main(rank: int, world: int, port: int, model_dir: str, out: str, checkpointing: bool = False) -> None:
     """One rank: the same updates sharded, saved after each; then a reload of the first save, saved again."""
     os.environ.update(MASTER_ADDR="127.0.0.1", MASTER_PORT=str(port))
     torch.set_num_threads(1)
@@ -58,7 +58,7 @@ def rank_main(rank: int, world: int, port: int, model_dir: str, out: str) -> Non
     try:
         torch.manual_seed(0)
         model, tok = load_model_and_tokenizer(model_dir)
-        policy = ShardedPolicy(config(), model, tok, "solver")
+        policy = ShardedPolicy(config(checkpointing), model, tok, "solver")
         record = {}
         for name, batch in zip("ab", batches()):
             record[name] = policy.update(batch)

@@ -85,14 +85,16 @@ def _assert_same_checkpoint(got: Path, want: Path, atol: float) -> None:
 
 
 @pytest.mark.slow
-def test_two_gloo_ranks_match_one_process(tiny_dir, tmp_path) -> None:
+@pytest.mark.parametrize("checkpointing", [False, True], ids=["plain", "checkpointing"])
+def test_two_gloo_ranks_match_one_process(tiny_dir, tmp_path, checkpointing) -> None:
     """Uneven batch of five (split 3 / 2, one rank padded with a dummy micro-batch), then one sequence
     (one rank holds nothing): parameters, AdamW state and metrics equal one process's; generation
-    on rank 0 equals it; a reload of the first save saves the same checkpoint."""
+    on rank 0 equals it; a reload of the first save saves the same checkpoint. With gradient
+    checkpointing too (each decoder layer gathered again for its recompute in backward)."""
     single, sharded = tmp_path / "single", tmp_path / "sharded"
-    sharded_ranks.single(str(tiny_dir), single)
-    torch.multiprocessing.spawn(sharded_ranks.rank_main, args=(2, _free_port(), str(tiny_dir), str(sharded)),
-                                nprocs=2)
+    sharded_ranks.single(str(tiny_dir), single, checkpointing)
+    torch.multiprocessing.spawn(sharded_ranks.rank_main,
+                                args=(2, _free_port(), str(tiny_dir), str(sharded), checkpointing), nprocs=2)
     for name in ("a", "b"):
         _assert_same_checkpoint(sharded / name, single / name, atol=1e-5)
     _assert_same_checkpoint(sharded / "reloaded", single / "a", atol=1e-5)
@@ -154,3 +156,12 @@ def test_a_ray_worker_group_behind_one_proxy_matches_one_process(tiny_dir, tmp_p
     want = json.loads((single / "metrics.json").read_text())
     assert metrics["a"]["pg_loss"] == pytest.approx(want["a"]["pg_loss"], rel=1e-4, abs=1e-6)
     assert generated == want["generated"]
+
+
+def test_one_process_runs_refuse_a_sharded_role_before_loading() -> None:
+    from coevo.core.config import compose, to_object
+    from coevo.orchestrate.actors import create_local_actors
+
+    cfg = to_object(compose(["experiment=smoke", "solver.num_gpus=2"]))
+    with pytest.raises(ValueError, match=r"solver.num_gpus=2 shards .* expected ray.local=false or solver.num_gpus"):
+        create_local_actors(cfg)

@@ -27,7 +27,10 @@ Choices a caller may rely on:
   `generate`;
 - `save` gathers the full fp32 weights and optimizer state to rank 0, which writes them
   atomically in `Policy.save`'s format (HF model directory + optimizer state keyed by parameter
-  index); `load` reads that format on every rank and keeps the shards each rank owns;
+  index); `load` reads that format on rank 0 and broadcasts it, each rank keeping its shards;
+- start-up: every rank loads the full model onto its device and shards it there (the KL copy
+  and rank 0's generation copy are made first), so the peak per GPU at start is an unsharded
+  model plus those copies, once; rank 0 needs host memory for one full fp32 copy at each sync;
 - not supported (refused naming the key): LoRA (`<role>.lora.rank > 0`) and frozen roles.
 """
 from __future__ import annotations

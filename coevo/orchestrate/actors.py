@@ -2,22 +2,21 @@
 
 Roles live in their own modules (coevo/policy.py, evidence/, solver/); this module only
 creates the actors and wires them: one actor per trainable policy, one retrieval actor
-(corpus + index), one evidence actor (spaCy + entity index). The proxies expose the same
-methods the episode code calls (`generate`, `chat_prompt_ids`, `tokenizer`, `search`,
+(corpus + index), one evidence actor (spaCy + entity index). A policy with `num_gpus = n > 1`
+is a group of n worker actors, one GPU each, sharing one torch.distributed process group
+(coevo/train/sharded.py), behind a proxy with the single actor's interface (`RemoteShardedPolicy`).
+The proxies expose the same methods the episode code calls (`generate`, `chat_prompt_ids`, `tokenizer`, `search`,
 `corpus[pid]`), so `solver.agent.run_episodes` runs unchanged against remote actors.
 """
 from __future__ import annotations
 
-import os
-import socket
 from dataclasses import dataclass, field
 from typing import Any, Optional
 
 import ray
-from ray.exceptions import RayActorError, RayTaskError
 
 from coevo.core.config import CoevoConfig, PolicyConfig
-from coevo.core.types import Completion, EvidencePath, SamplingParams, Verdict
+from coevo.core.types import EvidencePath, Verdict
 from coevo.orchestrate.cluster import (  # noqa: F401  init_ray: imported from here by tests and tools
     ActorFailure,
     check_schedulable,
@@ -26,77 +25,25 @@ from coevo.orchestrate.cluster import (  # noqa: F401  init_ray: imported from h
     request_of,
     wait_until_ready,
 )
-from coevo.orchestrate.hostpaths import HostPathError, Need, check_host_paths, for_workers, needs
-from coevo.train.models import resolve_model_path
+from coevo.orchestrate.hostpaths import check_host_paths, for_workers, needs
+from coevo.orchestrate.policy_actors import (  # noqa: F401  re-exported: tests and tools import them from here
+    PolicyWorker,
+    RemotePolicy,
+    RemoteShardedPolicy,
+    ShardedWorker,
+    _limit_threads,
+    call,
+    gather,
+    rank_names,
+    where,
+)
 from coevo.train.policy import Policy
+from coevo.train.sharded import shard_count
 from evidence.build_index import build_command
 from evidence.corpus import corpus_source, load_corpus
 from evidence.pipeline import EvidencePipeline
 from evidence.retrieval import build_retriever
 from solver.ranker import ranker_policy_config
-
-
-def call(ref: Any, what: str) -> Any:
-    """`ray.get` that turns actor crashes into one clear `ActorFailure`.
-
-    A path an actor's node lacks (`HostPathError`, raised as it starts) is reported by its own
-    message, without Ray's traceback around it.
-    """
-    try:
-        return ray.get(ref)
-    except (RayActorError, RayTaskError) as e:
-        marker = f"{HostPathError.__name__}: "
-        text = str(e)
-        if marker in text:
-            raise ActorFailure(text.split(marker, 1)[1].splitlines()[0]) from e
-        raise ActorFailure(f"{what} failed in its Ray actor: {e}") from e
-
-
-def where() -> dict:
-    """Where this actor runs: the placement record of run.log and config.yaml."""
-    return {"node_id": ray.get_runtime_context().get_node_id(), "host": socket.gethostname(),
-            "ip": ray.util.get_node_ip_address(), "pid": os.getpid()}
-
-
-def _limit_threads(num_cpus: float) -> None:
-    # Each actor gets its share of the cores; torch would otherwise use them all in every actor.
-    import torch
-
-    torch.set_num_threads(max(1, int(num_cpus)))
-
-
-class PolicyWorker:
-    """Actor body for one policy: generation and GRPO updates on its own process."""
-
-    def __init__(self, cfg: PolicyConfig, role: str, seed: int, wanted: tuple[Need, ...] = ()) -> None:
-        import torch
-
-        check_host_paths(role, list(wanted))  # before anything loads: a missing path names node and key
-        _limit_threads(cfg.num_cpus)
-        torch.manual_seed(seed)
-        self.policy = Policy.from_config(cfg, role)
-
-    def ready(self) -> dict:
-        return where()
-
-    def info(self) -> dict:
-        return {"params": self.policy.num_parameters(), "frozen": self.policy.frozen,
-                "device": str(self.policy.device)}
-
-    def chat_prompt_ids(self, messages_batch: list[list[dict]]) -> list[list[int]]:
-        return [self.policy.chat_prompt_ids(m) for m in messages_batch]
-
-    def generate(self, prompts: list[list[int]], sampling: SamplingParams) -> list[list[Completion]]:
-        return self.policy.generate(prompts, sampling)
-
-    def update(self, batch: list) -> dict:
-        return self.policy.update(batch)
-
-    def save(self, directory: str) -> str:
-        return str(self.policy.save(directory))
-
-    def load(self, directory: str) -> None:
-        self.policy.load(directory)
 
 
 class RetrievalWorker:
@@ -199,37 +146,6 @@ class RemoteRetriever:
         return hits
 
 
-class RemotePolicy:
-    """Driver-side stand-in for a `Policy`: same generation surface, work done in the actor."""
-
-    def __init__(self, actor: Any, cfg: PolicyConfig, role: str) -> None:
-        from transformers import AutoTokenizer
-
-
-        self.actor, self.cfg, self.role = actor, cfg, role
-        self.frozen = cfg.frozen
-        self.tokenizer = AutoTokenizer.from_pretrained(cfg.checkpoint or resolve_model_path(cfg.model))
-
-    def chat_prompt_ids(self, messages: list[dict]) -> list[int]:
-        return self.chat_prompt_ids_batch([messages])[0]
-
-    def chat_prompt_ids_batch(self, messages_batch: list[list[dict]]) -> list[list[int]]:
-        return call(self.actor.chat_prompt_ids.remote(messages_batch), f"{self.role} prompt")
-
-    def generate(self, prompts: list[list[int]], sampling: SamplingParams) -> list[list[Completion]]:
-        return call(self.actor.generate.remote(prompts, sampling), f"{self.role} generate")
-
-    def update(self, batch: list) -> dict:
-        return call(self.actor.update.remote(batch), f"{self.role} update")
-
-    # Absolute: the actor's working directory (on another node) is not the driver's.
-    def save(self, directory: str) -> str:
-        return call(self.actor.save.remote(os.path.abspath(directory)), f"{self.role} save")
-
-    def load(self, directory: str) -> None:
-        call(self.actor.load.remote(os.path.abspath(directory)), f"{self.role} load")
-
-
 @dataclass
 class Actors:
     """Every actor of a run plus the driver-side proxies the loop uses."""
@@ -244,9 +160,20 @@ class Actors:
 
 
 def _requests(cfg: CoevoConfig, ranker: Optional[PolicyConfig]) -> dict[str, dict[str, float]]:
-    """Actor name -> the Ray resources it requests, in start order."""
-    out = {r: request_of(p.num_cpus, p.num_gpus, p.resources)
-           for r, p in (("proposer", cfg.proposer), ("solver", cfg.solver), ("ranker", ranker)) if p is not None}
+    """Actor name -> the Ray resources it requests, in start order.
+
+    A sharded role (`num_gpus = n > 1`) is n workers, each one bundle of {GPU 1, CPU num_cpus / n}
+    in the run's placement group: the role asks for what it did as one actor, and Ray may place
+    its ranks on several nodes (NCCL reaches them) when `ray.placement=spread`.
+    """
+    out: dict[str, dict[str, float]] = {}
+    for role, p in (("proposer", cfg.proposer), ("solver", cfg.solver), ("ranker", ranker)):
+        if p is None:
+            continue
+        ranks = shard_count(p, role)
+        for name in rank_names(role, ranks) if ranks else [role]:
+            out[name] = request_of(p.num_cpus / ranks, 1, p.resources) if ranks else request_of(
+                p.num_cpus, p.num_gpus, p.resources)
     # One core each: BM25 search and spaCy are single-threaded (_limit_threads(1)).
     out["retrieval"] = request_of(1, 0, cfg.retrieval.resources)
     out["evidence"] = request_of(1, 0, cfg.evidence.resources)
@@ -263,8 +190,22 @@ def start_notes(cfg: CoevoConfig) -> dict[str, str]:
 
 
 def _policy_actor(cfg: CoevoConfig, policy: PolicyConfig, role: str, seed: int, opts: dict) -> RemotePolicy:
-    actor = ray.remote(PolicyWorker).options(**opts).remote(policy, role, seed, tuple(needs(cfg, role, policy)))
+    """One actor, or a sharded role's workers (`opts`: actor name -> options, every rank's among them)."""
+    wanted = tuple(needs(cfg, role, policy))
+    ranks = shard_count(policy, role)
+    if ranks:
+        return RemoteShardedPolicy(policy, role, seed, [opts[n] for n in rank_names(role, ranks)], wanted)
+    actor = ray.remote(PolicyWorker).options(**opts[role]).remote(policy, role, seed, wanted)
     return RemotePolicy(actor, policy, role)
+
+
+def _handles(proxies: dict[str, Optional[RemotePolicy]]) -> dict[str, Any]:
+    """Actor name -> handle of every policy actor, each rank of a sharded role by its own name."""
+    out = {}
+    for role, proxy in proxies.items():
+        workers = proxy.workers if isinstance(proxy, RemoteShardedPolicy) else [proxy.actor] if proxy else []
+        out.update(zip(rank_names(role, len(workers)), workers))
+    return out
 
 
 def create_actors(cfg: CoevoConfig) -> Actors:
@@ -281,19 +222,22 @@ def create_actors(cfg: CoevoConfig) -> Actors:
     requests = _requests(cfg, own)
     check_schedulable(requests)
     pg, opts = placement_options(requests, cfg.ray.placement)
-    proposer = _policy_actor(cfg, cfg.proposer, "proposer", cfg.seed + 1, opts["proposer"])
-    solver = _policy_actor(cfg, cfg.solver, "solver", cfg.seed + 2, opts["solver"])
+    proposer = _policy_actor(cfg, cfg.proposer, "proposer", cfg.seed + 1, opts)
+    solver = _policy_actor(cfg, cfg.solver, "solver", cfg.seed + 2, opts)
     ranker: Optional[RemotePolicy] = None
     if cfg.ranker.mode in ("trainable", "frozen"):
-        ranker = solver if own is None else _policy_actor(cfg, own, "ranker", cfg.seed + 3, opts["ranker"])
+        ranker = solver if own is None else _policy_actor(cfg, own, "ranker", cfg.seed + 3, opts)
     retrieval = RemoteRetriever(ray.remote(RetrievalWorker).options(**opts["retrieval"]).remote(cfg))
     evidence = RemoteEvidence(ray.remote(EvidenceWorker).options(**opts["evidence"]).remote(cfg))
     trainable = {r: p for r, p in (("proposer", proposer), ("solver", solver)) if not p.frozen}
     if ranker is not None and ranker is not solver and not ranker.frozen:
         trainable["ranker"] = ranker
-    handles = {"proposer": proposer.actor, "solver": solver.actor, "retrieval": retrieval.actor,
-               "evidence": evidence.actor, **({"ranker": ranker.actor} if own is not None else {})}
+    policies = {"proposer": proposer, "solver": solver, "ranker": ranker if own is not None else None}
+    handles = {**_handles(policies), "retrieval": retrieval.actor, "evidence": evidence.actor}
     placed = wait_until_ready(handles, requests, cfg.ray, call, pg, starting=start_notes(cfg))
+    for proxy in policies.values():  # every rank placed: the process groups can form
+        if isinstance(proxy, RemoteShardedPolicy):
+            proxy.start()
     placement = {name: {**info, "resources": requests[name]} for name, info in placed.items()}
     return Actors(proposer, solver, ranker, retrieval, evidence, trainable, placement)
 
@@ -302,7 +246,14 @@ def create_local_actors(cfg: CoevoConfig, with_proposer: bool = True) -> Actors:
     """The same wiring in one process, without Ray (tests and debugging; `ray.local=true`).
 
     `with_proposer=False` (`coevo.solve`) loads neither the proposer nor the evidence stage.
+    A sharded role (`num_gpus > 1`) needs its Ray worker group: refused here, never run on one GPU.
     """
+    for role in ("proposer", "solver", "ranker") if with_proposer else ("solver", "ranker"):
+        n = getattr(cfg, role).num_gpus
+        if n > 1:
+            raise ValueError(f"config key {role}.num_gpus={n:g} shards the {role} over a Ray worker group, which "
+                             f"ray.local=true (one process) cannot hold; expected ray.local=false or "
+                             f"{role}.num_gpus <= 1")
     proposer = Policy.from_config(cfg.proposer, "proposer") if with_proposer else None
     solver = Policy.from_config(cfg.solver, "solver")
     ranker = None

@@ -2,8 +2,9 @@
 
 `python -m coevo.plan` prints `plan_roles`' records; `coevo.run` refuses a plan that does not
 fit (`check_gpu_plan`, `run.plan_check`). It models the code as it runs today: a policy with
-`num_gpus >= 1` keeps its whole model on one GPU (no sharding: the other GPUs Ray gives it
-stay idle), a fractional `num_gpus` gets that share of one GPU, the hardware is `cluster.*`.
+`num_gpus = 1` keeps its whole model on its GPU, a fractional `num_gpus` gets that share of one
+GPU, and `num_gpus = n > 1` is n ranks sharded with FSDP2 (coevo/train/sharded.py), planned on
+rank 0 (the one that also generates); the hardware is `cluster.*`.
 Per GPU role, in bytes (`GpuPlan.terms`):
 - `weights`: parameters x dtype bytes (fp32 masters for a trained full fine-tune; with LoRA the
   frozen base in its dtype plus the fp32 adapter);
@@ -14,6 +15,12 @@ Per GPU role, in bytes (`GpuPlan.terms`):
 - `engine`: vLLM's `gpu_memory_utilization` x the GPU (its weights and KV cache), held
   throughout (no sleep mode is configured);
 - `cuda_context`: the trainer process's CUDA context and kernels (`CUDA_CONTEXT`, assumed);
+- sharded (`num_gpus = n > 1`): `weights`, `grads`, `optimizer` and `reference` are divided by n
+  (FSDP2 keeps 1/n of each on every rank); activations, the engine and the CUDA context stay per
+  GPU; rank 0 adds `generation_copy` for `engine=hf` (its own unsharded weights to generate with,
+  bf16 under `bf16_autocast`); the update's autocast copy of the weights becomes the units FSDP
+  gathers (`gathered_bytes`: the root's embeddings/norm/head and two decoder layers in compute
+  precision, plus their fp32 gradients before the reduce-scatter);
 - transient, largest one counted: `update` (one micro-batch's saved activations, bf16 under
   autocast, with or without gradient checkpointing; the LM head's logits at the completion
   positions only, coevo/core/grpo.py; the autocast bf16 copy of fp32 weights) or
@@ -39,6 +46,7 @@ from coevo.train.memory import (
 )
 from coevo.train.preflight import PreflightError
 from coevo.train.shapes import ModelShape, adapter_parameters, meta_model, shape_of
+from coevo.train.sharded import shard_count
 
 GB = 1e9
 CUDA_CONTEXT = 1 << 30  # a torch process's CUDA context, cuBLAS/cuDNN workspaces (assumed, ~0.5-1 GiB in practice)
@@ -99,11 +107,30 @@ def _trained_terms(plan: GpuPlan, policy: PolicyConfig, shape: ModelShape, adapt
     plan.terms["optimizer"] = trained * 8
 
 
+def gathered_bytes(shape: ModelShape, compute: int) -> int:
+    """What FSDP2 holds unsharded during a sharded update: the root's parameters (embeddings, final norm,
+    LM head) for the whole forward/backward and two decoder layers (one computing, one prefetched), in
+    `compute` bytes, plus fp32 gradients of the root and of one layer before their reduce-scatter."""
+    root = shape.vocab * shape.hidden * (1 if shape.tied else 2) + shape.hidden
+    layer = max(0, shape.params - root) // max(1, shape.layers)
+    return (root + 2 * layer) * compute + (root + layer) * 4
+
+
+def _shard_terms(plan: GpuPlan, policy: PolicyConfig, shape: ModelShape, ranks: int, bf16: bool) -> None:
+    """Divide the sharded terms by `ranks`; add rank 0's generation copy (HF engine)."""
+    for key in ("weights", "grads", "optimizer", "reference"):
+        if key in plan.terms:
+            plan.terms[key] = math.ceil(plan.terms[key] / ranks)
+    if str(policy.engine) == "hf":
+        plan.terms["generation_copy"] = shape.params * (2 if bf16 else DTYPE_BYTES[str(policy.dtype)])
+
+
 def role_plan(cfg: CoevoConfig, role: str, policy: PolicyConfig, shape: ModelShape, adapter: int,
               gpu_bytes: int, with_proposer: bool = True) -> GpuPlan:
     """The plan of one GPU role (`adapter`: its LoRA parameter count at `policy.lora.rank`)."""
     plan = GpuPlan(role, float(policy.num_gpus), int(gpu_bytes * min(1.0, float(policy.num_gpus))))
     bf16 = bool(policy.bf16_autocast)  # the planner assumes a bf16-capable GPU (A100/H100/H200)
+    ranks = shard_count(policy, role)  # refuses what cannot be sharded, naming the key
     size = DTYPE_BYTES[str(policy.dtype)]
     if policy.frozen:
         plan.terms["weights"] = shape.params * size
@@ -112,6 +139,8 @@ def role_plan(cfg: CoevoConfig, role: str, policy: PolicyConfig, shape: ModelSha
         compute = 2 if bf16 else size
         rows = max(1, policy.micro_batch_size)
         cast = shape.params * 2 if bf16 and size == 4 else 0  # autocast keeps a bf16 copy of each weight it used
+        if ranks:  # FSDP2 gathers a few units at a time (in bf16 with its mixed precision), never the whole model
+            cast = gathered_bytes(shape, compute)
         # Checkpointed layer inputs stay fp32 (the residual stream); the LM head runs at completion positions only.
         plan.transient["update"] = cast + activation_bytes(
             shape, sequence_tokens(cfg, role, policy) * rows, compute, policy.gradient_checkpointing, input_bytes=4,
@@ -123,9 +152,10 @@ def role_plan(cfg: CoevoConfig, role: str, policy: PolicyConfig, shape: ModelSha
         plan.transient["generation"] = generation_bytes(shape, 2 if bf16 else size, rows,
                                                         sequence_tokens(cfg, role, policy))
     plan.terms["cuda_context"] = CUDA_CONTEXT
-    if policy.num_gpus > 1:
-        plan.notes.append(f"{role}.num_gpus={policy.num_gpus:g}: the policy uses one of them (no sharding yet), "
-                          "the others stay idle")
+    if ranks:
+        _shard_terms(plan, policy, shape, ranks, bf16)
+        plan.notes.append(f"{role}.num_gpus={ranks}: FSDP2 shards weights, gradients, optimizer state and reference "
+                          f"over {ranks} GPUs; activations and the engine are per GPU; planned: rank 0 (it generates)")
     return plan
 
 
@@ -135,7 +165,7 @@ def _ladder(role: str, policy: PolicyConfig, cfg: CoevoConfig) -> list[tuple[str
     rungs: list[tuple[str, dict]] = []
     if not policy.frozen and not policy.gradient_checkpointing:
         rungs.append((f"{role}.gradient_checkpointing=true", {"gradient_checkpointing": True}))
-    if not policy.frozen and policy.lora.rank == 0:
+    if not policy.frozen and policy.lora.rank == 0 and policy.num_gpus <= 1:  # sharded roles train full weights
         rungs.append((f"{role}.lora.rank={LORA_SUGGESTION} {role}.dtype=bfloat16",
                       {"lora": dataclasses.replace(policy.lora, rank=LORA_SUGGESTION), "dtype": "bfloat16"}))
     if not policy.frozen and policy.micro_batch_size > 1:
@@ -205,7 +235,8 @@ def plan_message(plans: list[GpuPlan], cfg: CoevoConfig, with_proposer: bool = T
             biggest = sorted({**p.terms, **p.transient}.items(), key=lambda kv: -kv[1])[:3]
             terms = ", ".join(f"{k} {v / GB:.1f}" for k, v in biggest)
             fix = (f"; fits with {' | '.join(p.would_fit)}" if p.would_fit
-                   else "; none of the changes the planner tries fits (sharding over GPUs is not built yet)")
+                   else f"; none of the changes the planner tries fits; a larger {p.role}.num_gpus (FSDP2) shares "
+                   "its weights, gradients and optimizer state out")
             lines.append(f"{p.role} needs {p.total / GB:.1f} GB on one GPU, {p.budget * (1 - HEADROOM) / GB:.1f} GB "
                          f"usable of cluster.gpu_memory_gb={cfg.cluster.gpu_memory_gb:g} (largest: {terms} GB){fix}")
     if not lines:

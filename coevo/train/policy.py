@@ -78,6 +78,7 @@ class Policy:
         check_trainable_dtype(model, role, self.frozen)
         self.model = model.eval()
         self.net = hf_model(self.model)  # forward passes: the HF model, whose LoRA layers (if any) run the adapter
+        self.scorer = TokenLogprobs(self.net)
         self.tokenizer = tokenizer
         self.ref_model = None
         # With LoRA the reference is the base itself, adapter disabled: no copy of the weights.
@@ -93,9 +94,14 @@ class Policy:
                 self.ref_model = copy.deepcopy(model).eval().requires_grad_(False)
                 if bf16_compute(cfg, self.device):  # never stepped: bf16 halves it and computes as the policy does
                     self.ref_model.to(torch.bfloat16)
-            params = [p for p in self.model.parameters() if p.requires_grad]
-            self.optimizer = torch.optim.AdamW(params, lr=cfg.lr, weight_decay=cfg.weight_decay)
+            self.build_optimizer()
+        self.ref_scorer = TokenLogprobs(self.ref_model) if self.ref_model is not None else None
         self.engine = engine if engine is not None else build_engine(cfg, self.model, tokenizer)
+
+    def build_optimizer(self) -> None:
+        """A fresh AdamW over the trainable parameters (again once coevo/train/sharded.py has sharded them)."""
+        params = [p for p in self.model.parameters() if p.requires_grad]
+        self.optimizer = torch.optim.AdamW(params, lr=self.cfg.lr, weight_decay=self.cfg.weight_decay)
 
     @classmethod
     def from_config(cls, cfg: PolicyConfig, role: str = "policy") -> "Policy":
@@ -203,7 +209,7 @@ class Policy:
                 "has_old": torch.tensor([s.old_logprobs is not None for s in seqs]).to(dev)}
 
     @torch.no_grad()
-    def _prepare(self, groups: list[list[TrainSequence]]) -> list[dict]:
+    def _prepare(self, groups: list[list[TrainSequence]], forward_old: Optional[list[bool]] = None) -> list[dict]:
         """Per micro-batch, {"old", "old_filled", "ref" (with a reference model)}: [b, T-1] float32 CPU log-probs.
 
         Missing old log-probs come from the current weights, before any step. With one epoch
@@ -211,15 +217,18 @@ class Policy:
         gives them (`old_filled` False: filled in `_micro_step` from its detached log-probs,
         as verl does on-policy) and no extra forward is spent here. One micro-batch is on the
         device at a time and only these per-token floats outlive it.
+
+        `forward_old[i]` (sharded updates) overrides whether micro-batch i runs that forward: every
+        rank must run the same forwards (FSDP gathers weights collectively), so the ranks agree on it.
         """
         out = []
-        for seqs in groups:
+        for i, seqs in enumerate(groups):
             mb = self._tensors(seqs)
             old, filled = mb["old"], bool(mb["has_old"].all())
+            needed = not filled if forward_old is None else forward_old[i]
             with self.compute():
-                if not filled and int(self.cfg.ppo_epochs) > 1:
-                    current = sequence_token_logprobs(self.net, mb["ids"], mb["attn"], positions=mb["mask"],
-                                                      prefix_len=mb["prefix"])
+                if needed and int(self.cfg.ppo_epochs) > 1:
+                    current = self.scorer(mb["ids"], mb["attn"], mb["mask"], mb["prefix"])
                     old, filled = torch.where(mb["has_old"].unsqueeze(-1), old, current), True
                 logps = {"old": old.float().cpu(), "old_filled": filled}
                 if self.has_reference:
@@ -231,11 +240,9 @@ class Policy:
         """Log-probs of micro-batch `mb` under the KL reference: the base with the adapter off, else the copy."""
         if self.lora:
             with self.model.disable_adapter():
-                return sequence_token_logprobs(self.net, mb["ids"], mb["attn"], positions=mb["mask"],
-                                               prefix_len=mb["prefix"])
-        assert self.ref_model is not None
-        return sequence_token_logprobs(self.ref_model, mb["ids"], mb["attn"], positions=mb["mask"],
-                                       prefix_len=mb["prefix"])
+                return self.scorer(mb["ids"], mb["attn"], mb["mask"], mb["prefix"])
+        assert self.ref_scorer is not None
+        return self.ref_scorer(mb["ids"], mb["attn"], mb["mask"], mb["prefix"])
 
     def _micro_step(self, seqs: list[TrainSequence], logps: dict, n_tokens: int) -> tuple[float, float, float]:
         """Forward + backward of one micro-batch (gradients accumulate); returns (pg, kl, clipped tokens).
@@ -249,8 +256,7 @@ class Policy:
         # Checkpointed layers recompute in backward only in train mode; their dropout is 0 (recompute.py).
         with train_mode(self.model, self.checkpointing):
             with self.compute():  # forward in bf16 on CUDA; the loss math below runs on fp32 log-probs
-                lp = sequence_token_logprobs(self.net, mb["ids"], mb["attn"], positions=mb["mask"],
-                                             prefix_len=mb["prefix"]).float()
+                lp = self.scorer(mb["ids"], mb["attn"], mb["mask"], mb["prefix"]).float()
             if not logps["old_filled"]:  # one epoch: the old policy is these weights (ratio 1 at the step)
                 old = torch.where(mb["has_old"].unsqueeze(-1), old, lp.detach())
             pg, m = clipped_surrogate_loss(lp, old, mb["adv"], mb["mask"], cfg.clip_eps, denom=n_tokens)
@@ -273,7 +279,9 @@ class Policy:
             pg_total, kl_total, clipped = pg_total + pg, kl_total + kl, clipped + n_clipped
         params = [p for g in self.optimizer.param_groups for p in g["params"]]
         max_norm = cfg.grad_clip if cfg.grad_clip > 0 else float("inf")
-        grad_norm = float(torch.nn.utils.clip_grad_norm_(params, max_norm))
+        norm = torch.nn.utils.clip_grad_norm_(params, max_norm)
+        # Sharded gradients (DTensors) give a sharded norm: its full value is the global one.
+        grad_norm = float(norm.full_tensor() if hasattr(norm, "full_tensor") else norm)
         self.optimizer.step()
         self.optimizer.zero_grad(set_to_none=True)
         return {"loss": pg_total + cfg.kl_coef * kl_total, "pg_loss": pg_total, "kl": kl_total,
@@ -290,7 +298,7 @@ class Policy:
             return {"skipped": True}
         t0 = time.perf_counter()
         for s in batch:
-            _check_sequence(s)
+            check_sequence(s)
         n_tokens = int(sum(sum(1 for m in s.loss_mask[1:] if m) for s in batch))
         if n_tokens == 0:
             return {"skipped": True, "n_seqs": len(batch), "n_tokens": 0}
@@ -356,13 +364,30 @@ class Policy:
         del loaded
 
 
+class TokenLogprobs(torch.nn.Module):
+    """`sequence_token_logprobs(model, ...)` as a module call, the one way the update runs the model.
+
+    A module so that FSDP2 (coevo/train/sharded.py) can make it the root: the root's pre-forward
+    gathers the parameters outside the decoder layers (embeddings, final norm, LM head), which
+    the positions path calls directly (`base_model`, `get_output_embeddings`), never through the
+    HF model's own forward. Holds no parameters of its own.
+    """
+
+    def __init__(self, model: torch.nn.Module) -> None:
+        super().__init__()
+        self.model = model
+
+    def forward(self, ids: torch.Tensor, attn: torch.Tensor, mask: torch.Tensor, prefix: int = 0) -> torch.Tensor:
+        return sequence_token_logprobs(self.model, ids, attn, positions=mask, prefix_len=prefix)
+
+
 def _prompt_key(s: TrainSequence) -> tuple[int, ...]:
     """The tokens of `s` before its first loss-masked one: the prompt its group's rollouts share."""
     first = next((i for i, m in enumerate(s.loss_mask) if m), len(s.loss_mask))
     return tuple(s.input_ids[:first])
 
 
-def _check_sequence(s: TrainSequence) -> None:
+def check_sequence(s: TrainSequence) -> None:
     n = len(s.input_ids)
     if len(s.loss_mask) != n:
         raise ValueError(f"TrainSequence loss_mask has {len(s.loss_mask)} entries for {n} input_ids")

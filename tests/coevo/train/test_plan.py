@@ -79,6 +79,33 @@ def test_lora_drops_the_reference_and_trains_only_the_adapter():
     assert plan.terms["optimizer"] == 8 * adapter
 
 
+def test_a_sharded_role_divides_weights_grads_optimizer_and_reference_by_its_gpus():
+    """solver.num_gpus=2 (FSDP2): the tiny Llama by hand. 80448 parameters: embeddings 100 x 64 (tied) = 6400,
+    final norm 64, each layer q 4096 + k 2048 + v 2048 + o 4096 + gate/up/down 3 x 8192 + 2 norms 128 = 36992."""
+    model = _tiny_meta()
+    shape = shape_of(model)
+    assert shape.params == 80448
+    args = ("solver.kl_coef=0.1", "solver.micro_batch_size=2", "solver.max_episode_tokens=100", "solver.max_turns=2",
+            "solver.max_new_tokens=16")
+    (one,) = plan_roles(_cfg("solver.num_gpus=1", *args), shapes={"solver": (shape, model)})
+    (two,) = plan_roles(_cfg("solver.num_gpus=2", *args), shapes={"solver": (shape, model)})
+    assert one.terms == {"weights": 321792, "reference": 160896, "grads": 321792, "optimizer": 643584,
+                         "cuda_context": CUDA_CONTEXT}
+    # halves of each sharded term; rank 0 keeps a bf16 copy to generate with (engine=hf)
+    assert two.terms == {"weights": 160896, "reference": 80448, "grads": 160896, "optimizer": 321792,
+                         "cuda_context": CUDA_CONTEXT, "generation_copy": 160896}
+    # the autocast copy of every weight (80448 x 2) becomes what FSDP gathers: root 6464 + 2 layers in bf16,
+    # plus fp32 gradients of the root and one layer
+    gathered = (6464 + 2 * 36992) * 2 + (6464 + 36992) * 4
+    assert two.transient["update"] - one.transient["update"] == gathered - 80448 * 2
+    assert two.transient["generation"] == one.transient["generation"]  # activations and KV cache stay per GPU
+    assert "FSDP2 shards" in two.notes[0] and "no sharding" not in " ".join(two.notes)
+    with pytest.raises(ValueError, match=r"solver.num_gpus=1.5: .*expected an integer"):
+        plan_roles(_cfg("solver.num_gpus=1.5", *args), shapes={"solver": (shape, model)})
+    with pytest.raises(ValueError, match=r"solver.lora.rank=8 with solver.num_gpus=2"):
+        plan_roles(_cfg("solver.num_gpus=2", "solver.lora.rank=8", *args), shapes={"solver": (shape, model)})
+
+
 def test_roles_on_the_cpu_are_not_planned_and_the_run_check_is_off_without_gpus():
     cfg = _cfg()
     assert plan_roles(cfg) == [] and check_gpu_plan(cfg) is None

@@ -1,0 +1,77 @@
+"""Rank bodies for test_sharded.py: a module of its own so that spawned processes can import them
+(the test modules are imported with --import-mode=importlib, under names a child cannot import)."""
+from __future__ import annotations
+
+import json
+import os
+from pathlib import Path
+
+import torch
+import torch.distributed as dist
+
+from coevo.core.config import PolicyConfig
+from coevo.core.types import SamplingParams, TrainSequence
+from coevo.train.models import load_model_and_tokenizer
+from coevo.train.policy import Policy
+from coevo.train.sharded import ShardedPolicy
+
+GREEDY = SamplingParams(temperature=0.0, max_new_tokens=6)
+
+
+def config(checkpointing: bool = False) -> PolicyConfig:
+    """Two epochs (old log-probs forwarded where missing), a KL reference, micro-batches of two."""
+    return PolicyConfig(preset="test", model="unused", engine="hf", lr=1e-2, kl_coef=0.05, ppo_epochs=2,
+                        micro_batch_size=2, gradient_checkpointing=checkpointing)
+
+
+def batches() -> list[list[TrainSequence]]:
+    """An uneven batch of five (loss tokens 6, 3, 8, 2, 5: ranks get [1, 2, 3] and [0, 4]), then one sequence."""
+    shapes = [(4, 6), (7, 3), (3, 8), (9, 2), (2, 5)]  # (prompt tokens, completion tokens)
+    gen = torch.Generator().manual_seed(3)
+    out = []
+    for i, (prompt, done) in enumerate(shapes):
+        ids = torch.randint(5, 50, (prompt + done,), generator=gen).tolist()
+        old = None if i % 2 else [-4.0 + 0.1 * t for t in range(prompt + done)]
+        out.append(TrainSequence(ids, [0] * prompt + [1] * done, advantage=1.5 - 0.7 * i, old_logprobs=old))
+    lone = TrainSequence(torch.randint(5, 50, (9,), generator=gen).tolist(), [0] * 5 + [1] * 4, advantage=-1.0)
+    return [out, [lone]]
+
+
+def single(model_dir: str, out: Path, checkpointing: bool = False) -> None:
+    """The reference: one process, `Policy.update` on each batch, saved after each."""
+    torch.manual_seed(0)
+    model, tok = load_model_and_tokenizer(model_dir)
+    policy = Policy(config(checkpointing), model, tok, "solver")
+    record = {}
+    for name, batch in zip("ab", batches()):
+        record[name] = policy.update(batch)
+        policy.save(out / name)
+    record["generated"] = policy.generate([[5, 6, 7, 8]], GREEDY)[0][0].token_ids
+    (out / "metrics.json").write_text(json.dumps(record))
+
+
+def rank_main(rank: int, world: int, port: int, model_dir: str, out: str, checkpointing: bool = False) -> None:
+    """One rank: the same updates sharded, saved after each; then a reload of the first save, saved again."""
+    os.environ.update(MASTER_ADDR="127.0.0.1", MASTER_PORT=str(port))
+    torch.set_num_threads(1)
+    dist.init_process_group("gloo", rank=rank, world_size=world)
+    try:
+        torch.manual_seed(0)
+        model, tok = load_model_and_tokenizer(model_dir)
+        policy = ShardedPolicy(config(checkpointing), model, tok, "solver")
+        record = {}
+        for name, batch in zip("ab", batches()):
+            record[name] = policy.update(batch)
+            policy.save(Path(out) / name)
+        if rank == 0:
+            record["generated"] = policy.generate([[5, 6, 7, 8]], GREEDY)[0][0].token_ids
+        policy.load(Path(out) / "a")
+        policy.save(Path(out) / "reloaded")
+        (Path(out) / f"metrics{rank}.json").write_text(json.dumps(record))
+        dist.barrier()
+    finally:
+        dist.destroy_process_group()
+    # Reached on success only. FSDP's device mesh keeps the gloo group (and its worker threads)
+    # alive past destroy_process_group; at interpreter exit they can abort the process (SIGABRT,
+    # "terminate called without an active exception", about one run in seven here): skip finalization.
+    os._exit(0)

@@ -1,4 +1,5 @@
 """Hydra config: presets, typed schema, errors naming the key and the valid choices."""
+import dataclasses
 import json
 from pathlib import Path
 
@@ -157,3 +158,24 @@ def test_learning_levers_default_to_todays_behaviour():
     assert not cfg.proposer.invalid_penalty_by_stage and cfg.proposer.reward == "abs"
     assert cfg.ranker.reasoning and not cfg.ranker.prime_tag and not cfg.evidence.support_head
     assert not any(getattr(cfg, role).keep_zero_advantage for role in ("proposer", "solver", "ranker"))
+
+
+# Run 5's overrides in docs/learning.md (the command its curves come from), written out by hand.
+RUN5_OVERRIDES = [
+    "proposer.questions_per_step=4", "proposer.temperature=0.7", "proposer.grounding=5", "proposer.question_stop=true",
+    "proposer.invalid_penalty_by_stage=true", "evidence.support_head=true", "ranker.prime_tag=true",
+    "ranker.reasoning=false", "ranker.line_stop=true", "ranker.n_candidates=5", "ranker.passage_chars=160",
+    "ranker.max_new_tokens=48", "solver.max_new_tokens=64", "solver.max_turns=3", "solver.max_searches=2",
+    "solver.prime_tag=true", "proposer.kl_coef=0", "solver.kl_coef=0", "ranker.kl_coef=0", "solver.lr=3e-5",
+    "ranker.lr=3e-5", "proposer.micro_batch_size=4", "solver.micro_batch_size=4", "ranker.micro_batch_size=4",
+    "ranker.top_k=2", "ranker.grouping=by_question", "ranker.min_group_size=2",
+]
+
+
+def test_small_learning_preset_is_run_5s_configuration():
+    run_dir = ["run.dir=runs/x"]  # the default run dir is a timestamp
+    preset = dataclasses.asdict(to_object(compose(["experiment=small_learning"] + run_dir)))
+    run5 = dataclasses.asdict(to_object(compose(RUN5_OVERRIDES + run_dir)))
+    assert preset.pop("experiment_name") == "small_learning"
+    run5.pop("experiment_name")
+    assert preset == run5

@@ -160,9 +160,7 @@ def solver_arm(actors: Any, cfg: Any, rows: list[dict], seed: int) -> dict[str, 
     """G solver episodes per dev question (search tool and ranker as configured); format and groups."""
     tasks = [Task(f"dev{i}", r["question"], list(r["answers"])) for i, r in enumerate(rows)]
     episodes, _, accuracy = solve_tasks(tasks, actors, cfg, seed)
-    by_task: dict[str, list[Any]] = {}
-    for ep in episodes:
-        by_task.setdefault(ep.task_id, []).append(ep)
+    by_task = episodes_by_task(episodes)
     n = max(1, len(episodes))
     calls = [c for ep in episodes for c in ep.ranker_calls if c.generated]
     return {"episodes": len(episodes), "format_valid": round(sum(ep.format_ok for ep in episodes) / n, 4),

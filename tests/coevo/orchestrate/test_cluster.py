@@ -101,29 +101,34 @@ def test_placement_is_appended_to_config_yaml_once(tmp_path):
     assert yaml.safe_load((tmp_path / "config.yaml").read_text()) == stored
 
 
+class _Handle:
+    """An actor handle whose `ready` call can be made (the wait is faked)."""
+
+    class ready:  # noqa: N801  the shape of an actor method
+        @staticmethod
+        def remote():
+            return object()
+
+
+def _nothing_ready(refs, num_returns, timeout):
+    """`ray.wait` where no actor becomes ready within the timeout."""
+    time.sleep(timeout)
+    return [], refs
+
+
 def test_waiting_actors_are_reported_then_time_out(monkeypatch):
     """Resources held by another job: reports name the pending actors and the free resources, then the timeout."""
     from coevo.core.config import RayConfig
     from coevo.orchestrate import cluster
 
-    class Handle:
-        class ready:  # noqa: N801  the shape of an actor method
-            @staticmethod
-            def remote():
-                return object()
-
-    def nothing_ready(refs, num_returns, timeout):
-        time.sleep(timeout)
-        return [], refs
-
     said = []
-    monkeypatch.setattr(cluster.ray, "wait", nothing_ready)
+    monkeypatch.setattr(cluster.ray, "wait", _nothing_ready)
     monkeypatch.setattr(cluster, "node_totals", lambda: TWO_NODES)
     monkeypatch.setattr(cluster, "node_free", lambda: {"aaaa": {"CPU": 0.0}, "bbbb": {"CPU": 1.0}})
     monkeypatch.setattr(cluster, "say", said.append)
     requests = default_requests(0.5)
     with pytest.raises(cluster.SchedulingError, match=r"did not start within ray.ready_timeout_s=0.5s; ray: after "):
-        cluster.wait_until_ready({n: Handle for n in requests}, requests,
+        cluster.wait_until_ready({n: _Handle for n in requests}, requests,
                                  RayConfig(ready_timeout_s=0.5, report_pending_s=0.1), call=lambda r, w: {})
     assert said and said[0].startswith("ray: after 0s 5 actors wait for resources: proposer (CPU 0.5); ")
     assert said[0].endswith("Free now: node aaaa: CPU 0; node bbbb: CPU 1 (other jobs may hold the rest)")
@@ -134,24 +139,14 @@ def test_placed_actors_time_out_naming_what_they_are_doing(monkeypatch):
     from coevo.core.config import RayConfig, compose, to_object
     from coevo.orchestrate import actors, cluster
 
-    class Handle:
-        class ready:  # noqa: N801  the shape of an actor method
-            @staticmethod
-            def remote():
-                return object()
-
-    def only_policies_ready(refs, num_returns, timeout):
-        time.sleep(timeout)
-        return [], refs
-
-    monkeypatch.setattr(cluster.ray, "wait", only_policies_ready)
+    monkeypatch.setattr(cluster.ray, "wait", _nothing_ready)
     monkeypatch.setattr(cluster, "node_totals", lambda: TWO_NODES)
     monkeypatch.setattr(cluster, "_placed", lambda pg: True)
     monkeypatch.setattr(cluster, "say", lambda line: None)
     cfg = to_object(compose(["corpus=jsonl", "corpus.path=/data/wiki-18.jsonl"]))
     requests = default_requests(0.5)
     with pytest.raises(cluster.SchedulingError) as err:
-        cluster.wait_until_ready({n: Handle for n in requests}, requests,
+        cluster.wait_until_ready({n: _Handle for n in requests}, requests,
                                  RayConfig(ready_timeout_s=0.3, report_pending_s=0.1), call=lambda r, w: {},
                                  starting=actors.start_notes(cfg))
     text = str(err.value)

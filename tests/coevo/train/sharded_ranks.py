@@ -37,15 +37,21 @@ def batches() -> list[list[TrainSequence]]:
     return [out, [lone]]
 
 
+def update_and_save(policy, out: Path) -> dict:  # noqa: ANN001  a Policy or a ShardedPolicy
+    """Each batch's update metrics, the policy saved to out/<batch name> after each update."""
+    record = {}
+    for name, batch in zip("ab", batches()):
+        record[name] = policy.update(batch)
+        policy.save(out / name)
+    return record
+
+
 def single(model_dir: str, out: Path, checkpointing: bool = False) -> None:
     """The reference: one process, `Policy.update` on each batch, saved after each."""
     torch.manual_seed(0)
     model, tok = load_model_and_tokenizer(model_dir)
     policy = Policy(config(checkpointing), model, tok, "solver")
-    record = {}
-    for name, batch in zip("ab", batches()):
-        record[name] = policy.update(batch)
-        policy.save(out / name)
+    record = update_and_save(policy, out)
     record["generated"] = policy.generate([[5, 6, 7, 8]], GREEDY)[0][0].token_ids
     (out / "metrics.json").write_text(json.dumps(record))
 
@@ -59,10 +65,7 @@ def rank_main(rank: int, world: int, port: int, model_dir: str, out: str, checkp
         torch.manual_seed(0)
         model, tok = load_model_and_tokenizer(model_dir)
         policy = ShardedPolicy(config(checkpointing), model, tok, "solver")
-        record = {}
-        for name, batch in zip("ab", batches()):
-            record[name] = policy.update(batch)
-            policy.save(Path(out) / name)
+        record = update_and_save(policy, Path(out))
         if rank == 0:
             record["generated"] = policy.generate([[5, 6, 7, 8]], GREEDY)[0][0].token_ids
         policy.load(Path(out) / "a")

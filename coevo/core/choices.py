@@ -16,6 +16,13 @@ class Engine(StrEnum):
     vllm = "vllm"
 
 
+class WeightSync(StrEnum):
+    """How a vLLM engine gets the weights after an update (coevo/train/engines/vllm.py)."""
+
+    tmpfs = "tmpfs"  # a safetensors file under /dev/shm, reloaded in place (any platform)
+    ipc = "ipc"  # CUDA IPC handles of the live parameters (CUDA, trainer on the engine's GPU)
+
+
 class DType(StrEnum):
     """Parameter dtype."""
 

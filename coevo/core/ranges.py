@@ -58,6 +58,7 @@ RANGES: dict[str, dict[str, Range]] = {
         "clip_eps": POSITIVE,  # 0 clips every ratio: no gradient at all
         "grad_clip": NON_NEGATIVE,  # 0 = no clipping
         "micro_batch_size": AT_LEAST_1, "ppo_epochs": AT_LEAST_1,
+        "generation_rows": NON_NEGATIVE,  # 0 = every row in one generate call
         "temperature": NON_NEGATIVE,  # 0 = greedy
         "top_p": FRACTION, "max_new_tokens": AT_LEAST_1, "max_prompt_tokens": AT_LEAST_1,
         "num_cpus": NON_NEGATIVE, "num_gpus": NON_NEGATIVE, "gpu_memory_utilization": FRACTION,

@@ -19,6 +19,7 @@ from coevo.core.choices import (
     ProposerReward,
     RankerMode,
     Relevance,
+    WeightSync,
 )
 
 # peft's names for the attention and MLP projections of Llama / Qwen2 / Qwen3 / Mistral decoders.
@@ -59,11 +60,14 @@ class PolicyConfig:
     top_p: float = 1.0  # nucleus sampling threshold
     max_new_tokens: int = 128  # generation budget per call (per turn for the solver)
     max_prompt_tokens: int = 2048  # longest prompt, never cut: the solver's episode ends, the ranker shortens passages
+    generation_rows: int = 0  # HF engine: rows (prompts x samples) per generate call, 0 = all; bounds its KV cache
     num_cpus: float = 1.0  # CPUs requested by this policy's Ray actor
     num_gpus: float = 0.0  # GPUs requested by this policy's Ray actor
     resources: Dict[str, float] = field(default_factory=dict)  # custom Ray resources of its actor (node labels)
     gpu_memory_utilization: float = 0.05  # vLLM share: of RAM (KV cache) on CPU, of GPU memory (+weights) on GPU
     vllm_enforce_eager: bool = "${rollout.vllm_enforce_eager}"  # type: ignore[assignment]  # skip CUDA graph capture
+    weight_sync: WeightSync = WeightSync.tmpfs  # vLLM gets new weights via: tmpfs (any platform) | ipc (CUDA)
+    sleep_mode: bool = False  # vLLM frees its GPU weights and KV cache during each update (CUDA builds only)
     gradient_checkpointing: bool = False  # recompute each decoder layer's activations in backward (less memory)
     lora: LoraConfig = field(default_factory=LoraConfig)  # lora.rank > 0: train an adapter, not the weights
 

@@ -48,6 +48,7 @@ RUN_OUTPUTS = (LOCK_NAME, CONFIG_NAME, "metrics.jsonl", "tasks", "checkpoints", 
 NOT_EXPERIMENT = ("run.steps", "run.dir", "run.save_every", "run.memory_check", "run.overwrite", "resume", "dry_run",
                   "experiment_name", "log.*", "ray.*", "rollout.*", "retrieval.cache_dir", "solve.steps", "*.preset",
                   "*.engine", "*.num_cpus", "*.num_gpus", "*.gpu_memory_utilization", "*.vllm_enforce_eager",
+                  "*.weight_sync", "*.sleep_mode",
                   "*.resources", "*.resources.*",
                   "placement.*",  # placement: where the actors ran (written by the run)
                   # how and where indexes get built, not what they hold

@@ -112,6 +112,7 @@ def policy_terms(role: str, cfg: PolicyConfig, shape: ModelShape, tokens: int, e
                   Term(role, "activations", act, device, f"micro_batch_size {cfg.micro_batch_size} x {tokens} tokens")]
         if cfg.kl_coef > 0 and not lora:
             terms.append(Term(role, "reference", weights, device, f"kl_coef {cfg.kl_coef}"))
+    rows = rows_at_once(cfg, rows)
     if str(cfg.engine) == "hf" and rows > 0:
         terms.append(Term(role, "generation", generation_bytes(shape, size, rows, tokens), device,
                           f"{rows} rows x {tokens} tokens"))
@@ -149,6 +150,11 @@ def generated_rows(cfg: CoevoConfig, role: str, with_proposer: bool = True) -> i
     solve = getattr(cfg, "solve", None)  # coevo.solve: labelled questions instead of accepted candidates
     tasks = solve.batch_questions if solve is not None and not with_proposer else candidates
     return tasks * cfg.solver.group_size
+
+
+def rows_at_once(policy: PolicyConfig, rows: int) -> int:
+    """Rows of one HF generate call when the role generates `rows` sequences: `generation_rows` caps it."""
+    return min(rows, policy.generation_rows) if policy.generation_rows > 0 else rows
 
 
 def run_terms(cfg: CoevoConfig, shapes: dict[str, ModelShape], memory_total: int, with_proposer: bool = True,

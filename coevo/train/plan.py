@@ -13,7 +13,7 @@ Per GPU role, in bytes (`GpuPlan.terms`):
 - `reference`: the KL copy (`kl_coef > 0`, full fine-tuning), bf16 under `bf16_autocast`;
   LoRA's reference is the base with the adapter disabled: no copy;
 - `engine`: vLLM's `gpu_memory_utilization` x the GPU (its weights and KV cache), held
-  throughout (no sleep mode is configured);
+  throughout; with `sleep_mode` it is freed for each update, so it is a transient beside `update`;
 - `cuda_context`: the trainer process's CUDA context and kernels (`CUDA_CONTEXT`, assumed);
 - sharded (`num_gpus = n > 1`): `weights`, `grads`, `optimizer` and `reference` are divided by n
   (FSDP2 keeps 1/n of each on every rank); activations, the engine and the CUDA context stay per
@@ -24,7 +24,7 @@ Per GPU role, in bytes (`GpuPlan.terms`):
 - transient, largest one counted: `update` (one micro-batch's saved activations, bf16 under
   autocast, with or without gradient checkpointing; the LM head's logits at the completion
   positions only, coevo/core/grpo.py; the autocast bf16 copy of fp32 weights) or
-  `generation` (HF engine: KV cache of every row generated at once).
+  `generation` (HF engine: KV cache of the rows of one generate call, `generation_rows` of them at most).
 The activation constants are coevo/train/memory.py's, measured on the CPU; on a GPU they are
 unverified until `bench/update.py` measures them.
 """
@@ -42,6 +42,7 @@ from coevo.train.memory import (
     generated_rows,
     generation_bytes,
     loaded_policies,
+    rows_at_once,
     sequence_tokens,
 )
 from coevo.train.preflight import PreflightError
@@ -52,6 +53,7 @@ GB = 1e9
 CUDA_CONTEXT = 1 << 30  # a torch process's CUDA context, cuBLAS/cuDNN workspaces (assumed, ~0.5-1 GiB in practice)
 HEADROOM = 0.05  # share of a GPU left to allocator fragmentation: a plan above 95 % does not fit
 LORA_SUGGESTION = 64  # rank the planner tries when full fine-tuning does not fit
+GENERATION_ROWS_SUGGESTION = 32  # HF rows per generate call the planner tries when the KV cache does not fit
 
 
 class PlanError(PreflightError):
@@ -145,10 +147,10 @@ def role_plan(cfg: CoevoConfig, role: str, policy: PolicyConfig, shape: ModelSha
         plan.transient["update"] = cast + activation_bytes(
             shape, sequence_tokens(cfg, role, policy) * rows, compute, policy.gradient_checkpointing, input_bytes=4,
             logit_tokens=completion_tokens(cfg, role, policy) * rows)
-    if str(policy.engine) == "vllm":
-        plan.terms["engine"] = int(policy.gpu_memory_utilization * gpu_bytes)
+    if str(policy.engine) == "vllm":  # sleep_mode frees it for the update: the larger of the two counts, not both
+        (plan.transient if policy.sleep_mode else plan.terms)["engine"] = int(policy.gpu_memory_utilization * gpu_bytes)
     else:
-        rows = generated_rows(cfg, role, with_proposer)
+        rows = rows_at_once(policy, generated_rows(cfg, role, with_proposer))
         plan.transient["generation"] = generation_bytes(shape, 2 if bf16 else size, rows,
                                                         sequence_tokens(cfg, role, policy))
     plan.terms["cuda_context"] = CUDA_CONTEXT
@@ -165,11 +167,16 @@ def _ladder(role: str, policy: PolicyConfig, cfg: CoevoConfig) -> list[tuple[str
     rungs: list[tuple[str, dict]] = []
     if not policy.frozen and not policy.gradient_checkpointing:
         rungs.append((f"{role}.gradient_checkpointing=true", {"gradient_checkpointing": True}))
+    if str(policy.engine) == "hf" and not 0 < policy.generation_rows <= GENERATION_ROWS_SUGGESTION:
+        rungs.append((f"{role}.generation_rows={GENERATION_ROWS_SUGGESTION}",  # same samples, smaller KV cache
+                      {"generation_rows": GENERATION_ROWS_SUGGESTION}))
     if not policy.frozen and policy.lora.rank == 0 and policy.num_gpus <= 1:  # sharded roles train full weights
         rungs.append((f"{role}.lora.rank={LORA_SUGGESTION} {role}.dtype=bfloat16",
                       {"lora": dataclasses.replace(policy.lora, rank=LORA_SUGGESTION), "dtype": "bfloat16"}))
     if not policy.frozen and policy.micro_batch_size > 1:
         rungs.append((f"{role}.micro_batch_size=1", {"micro_batch_size": 1}))
+    if str(policy.engine) == "vllm" and not policy.sleep_mode and not policy.frozen:
+        rungs.append((f"{role}.sleep_mode=true", {"sleep_mode": True}))
     if str(policy.engine) == "vllm" and policy.gpu_memory_utilization > 0.2:
         util = round(policy.gpu_memory_utilization / 2, 3)
         rungs.append((f"{role}.gpu_memory_utilization={util:g}", {"gpu_memory_utilization": util}))

@@ -304,6 +304,7 @@ class Policy:
             return {"skipped": True, "n_seqs": len(batch), "n_tokens": 0}
         groups = self._micro_batches(batch)
         # Published stages (COEVO_STAGE_FILE): bench/memory.py measures each one's memory.
+        self.release_engine_memory()
         with stage(self.role):
             with stage("logprobs"):
                 logps = self._prepare(groups)
@@ -314,6 +315,11 @@ class Policy:
         metrics = {k: sum(e[k] for e in epochs) / len(epochs) for k in epochs[0]}
         metrics.update(n_seqs=len(batch), n_tokens=n_tokens, time_s=time.perf_counter() - t0)
         return metrics
+
+    def release_engine_memory(self) -> None:
+        """Before an update: a vLLM engine with sleep_mode frees its GPU memory; the sync after it wakes it."""
+        if getattr(self.engine, "sleep_mode", False):
+            self.engine.sleep()
 
     # ---- checkpoints ------------------------------------------------------------------------
 

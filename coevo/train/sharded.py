@@ -226,6 +226,7 @@ class ShardedPolicy:
         groups += [[self._dummy()] for _ in range(n_groups - len(groups))]
         needs = [float(any(s.old_logprobs is None for s in g)) for g in groups]  # dummies have old log-probs
         forward_old = [bool(x) for x in _all_reduce(needs, dist.ReduceOp.MAX)]
+        p.release_engine_memory()  # rank 0's engine; the others have none
         with stage(self.role):
             with stage("logprobs"):
                 logps = p._prepare(groups, forward_old)

@@ -17,10 +17,11 @@ from coevo.train.engines.vllm import VLLMEngine
 EngineFactory = Callable[[Any, Any, PolicyConfig], Engine]
 
 ENGINES: dict[str, EngineFactory] = {
-    "hf": lambda model, tokenizer, cfg: HFEngine(model, tokenizer),
+    "hf": lambda model, tokenizer, cfg: HFEngine(model, tokenizer, cfg.generation_rows or None),
     # vLLM serves a copy of the weights (staged from `model`); `model` stays the training copy
     # and Policy.update pushes it to the engine with sync_weights after every step.
-    "vllm": lambda model, tokenizer, cfg: VLLMEngine(model, tokenizer, cfg),
+    "vllm": lambda model, tokenizer, cfg: VLLMEngine(model, tokenizer, cfg, weight_sync=str(cfg.weight_sync),
+                                                     sleep_mode=bool(cfg.sleep_mode)),
 }
 
 

@@ -155,8 +155,10 @@ class VLLMEngine:
             raise ValueError(f"weight_sync={weight_sync!r}; known modes: {list(WEIGHT_SYNC_MODES)}")
         vllm = require_vllm()
         check_weight_sync_api(weight_sync, getattr(vllm, "__version__", "(no __version__)"))
-        if weight_sync == "ipc" and self._on_cpu():
-            raise ValueError("weight_sync='ipc' needs the CUDA build of vLLM and a GPU; use 'tmpfs' on CPU")
+        if (weight_sync == "ipc" or sleep_mode) and self._on_cpu():
+            raise ValueError(f"{'weight_sync=ipc' if weight_sync == 'ipc' else 'sleep_mode=true'} (config keys "
+                             "<role>.weight_sync, <role>.sleep_mode) needs the CUDA build of vLLM and a GPU; "
+                             "on CPU use <role>.weight_sync=tmpfs <role>.sleep_mode=false")
         self.tokenizer, self.weight_sync, self.sleep_mode = tokenizer, weight_sync, sleep_mode
         self.sync_dir = tempfile.mkdtemp(prefix="coevo-vllm-", dir=sync_root)
         reap_with_owner(self.sync_dir)  # vLLM's processes would outlive a killed owner: its reaper ends them

@@ -24,14 +24,14 @@ def no_cuda(monkeypatch):
 
 def test_num_gpus_without_a_visible_gpu_is_refused_at_start_naming_the_key(no_cuda):
     check_devices(to_object(compose()))  # the CPU defaults: num_gpus 0 everywhere
-    with pytest.raises(PreflightError, match=r"config key solver.num_gpus=1 asks for a GPU but this machine shows no "
+    with pytest.raises(PreflightError, match=r"config key solver.num_gpus=4 asks for a GPU but this machine shows no "
                                              r"CUDA device.*expected a visible GPU or solver.num_gpus=0"):
         check_devices(to_object(compose(["solver=qwen2.5-7b"])))
     with pytest.raises(PreflightError, match="config key ranker.num_gpus=0.5 asks for a GPU"):
         check_devices(to_object(compose(["ranker.num_gpus=0.5"])), with_proposer=False)
     # An external Ray cluster's GPUs are not this machine's: the actors' own load refuses there instead.
     check_devices(to_object(compose(["solver=qwen2.5-7b", "ray.address=auto"])))
-    with pytest.raises(PreflightError, match="solver.num_gpus=1"):  # coevo.solve loads everything here
+    with pytest.raises(PreflightError, match="solver.num_gpus=4"):  # coevo.solve loads everything here
         check_devices(to_object(compose(["solver=qwen2.5-7b", "ray.address=auto"])), with_proposer=False)
 
 

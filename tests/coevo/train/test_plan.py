@@ -121,7 +121,8 @@ def test_more_gpus_than_the_cluster_has_names_the_cluster_keys():
 def test_headline_command_full_fine_tuning_does_not_fit_and_says_what_would():
     cfg = to_object(compose(["proposer=qwen3-4b", "solver=qwen2.5-7b", "ranker=qwen2.5-3b", "proposer.lora.rank=0",
                              "solver.lora.rank=0", "ranker.lora.rank=0", "proposer.gradient_checkpointing=false",
-                             "solver.gradient_checkpointing=false", "ranker.gradient_checkpointing=false"]))
+                             "solver.gradient_checkpointing=false", "ranker.gradient_checkpointing=false",
+                             "proposer.num_gpus=1", "solver.num_gpus=1", "ranker.num_gpus=1"]))
     plans = {p.role: p for p in plan_roles(cfg)}
     solver = plans["solver"]
     # 7.616 B parameters: fp32 weights + fp32 grads + two fp32 moments = 16 B each; bf16 reference 2 B
@@ -130,6 +131,39 @@ def test_headline_command_full_fine_tuning_does_not_fit_and_says_what_would():
     assert any("solver.lora.rank=64" in w for w in solver.would_fit)
     with pytest.raises(PlanError, match="solver needs .* GB on one GPU"):
         check_gpu_plan(cfg)
+
+
+SHIPPED_GPU_COMMANDS = [
+    ["proposer=qwen3-4b", "solver=qwen2.5-7b"],  # the README's headline command
+    ["proposer=qwen3-4b", "solver=qwen2.5-7b", "rollout=vllm"],
+    ["experiment=paper_cosearch"],
+    ["experiment=paper_zest"],
+    # the two-node, full fine-tuning CoSearch placement of configs/experiment/paper_cosearch.yaml and docs/scale.md
+    ["experiment=paper_cosearch", "cluster.nodes=2", "solver.num_gpus=8", "ranker.num_gpus=6", "ranker.lora.rank=0",
+     "ranker.dtype=float32"],
+]
+
+
+@pytest.mark.parametrize("overrides", SHIPPED_GPU_COMMANDS, ids=lambda o: " ".join(o))
+def test_shipped_gpu_commands_fit_the_default_node_as_written(overrides):
+    cfg = to_object(compose(overrides))
+    plans = plan_roles(cfg)
+    assert plans and plan_message(plans, cfg) is None, plan_message(plans, cfg)
+    assert gpus_needed(cfg) <= cfg.cluster.nodes * cfg.cluster.gpus_per_node
+
+
+def test_generation_rows_bound_the_hf_kv_cache_and_sleep_mode_frees_the_engine_for_the_update():
+    args = ("proposer=qwen3-4b", "solver=qwen2.5-7b", "proposer.num_gpus=0")
+    every = {p.role: p for p in plan_roles(to_object(compose([*args, "solver.generation_rows=0"])))}["solver"]
+    some = {p.role: p for p in plan_roles(to_object(compose([*args, "solver.generation_rows=8"])))}["solver"]
+    # 4 questions x 4 candidates x G = 4 rollouts = 64 rows generated at once; 8 of them per call: an eighth
+    assert every.transient["generation"] == 8 * some.transient["generation"]
+    vllm = ("rollout=vllm", "proposer.num_gpus=0", "proposer=qwen3-4b", "solver=qwen2.5-7b")
+    awake = {p.role: p for p in plan_roles(to_object(compose(list(vllm))))}["solver"]
+    asleep = {p.role: p for p in plan_roles(to_object(compose([*vllm, "solver.sleep_mode=true"])))}["solver"]
+    assert awake.terms["engine"] == asleep.transient["engine"] == int(0.35 * 80e9) and "engine" not in asleep.terms
+    # the engine and the update no longer add up: the larger of the two counts
+    assert awake.total - asleep.total == min(awake.terms["engine"], awake.transient["update"])
 
 
 def test_public_configs_count_the_presets_parameters_offline():

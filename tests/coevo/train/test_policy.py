@@ -169,6 +169,21 @@ def test_unknown_engine_is_a_clear_error(tiny) -> None:
         build_engine(_cfg(engine="nope"), model, tok)
 
 
+def test_generation_rows_split_hf_generate_calls_greedy_results_unchanged(bpe, monkeypatch) -> None:
+    model, tok = bpe
+    engine = build_engine(_cfg(generation_rows=2), model, tok)
+    assert isinstance(engine, HFEngine) and engine.max_batch_rows == 2
+    assert build_engine(_cfg(), model, tok).max_batch_rows is None  # 0: every row in one call
+    calls = []
+    inner = HFEngine._generate_rows
+    monkeypatch.setattr(HFEngine, "_generate_rows", lambda self, rows, sp: calls.append(len(rows)) or inner(self, rows, sp))
+    prompts = [_ids(tok, "what is the capital"), _ids(tok, "Zürich"), _ids(tok, "the search results say that")]
+    split = engine.generate(prompts, GREEDY)
+    assert calls == [2, 1]  # 3 rows, at most 2 per generate call
+    whole = HFEngine(model, tok).generate(prompts, GREEDY)
+    assert [[c.token_ids for c in cs] for cs in split] == [[c.token_ids for c in cs] for cs in whole]
+
+
 # ---- Policy.update ------------------------------------------------------------------------------
 
 def _batch(tok, n: int = 4) -> list[TrainSequence]:  # noqa: ANN001
@@ -195,6 +210,31 @@ def test_update_changes_weights_and_keeps_reference(tiny) -> None:
         assert key in metrics
     assert metrics["n_seqs"] == 4 and metrics["grad_norm"] > 0 and metrics["kl"] >= 0
     assert policy.update([TrainSequence([1, 2, 3], [0, 0, 0], 1.0)])["skipped"] is True
+
+
+class _SleepyEngine:
+    """An engine with vLLM's sleep_mode: records when it sleeps and when the update syncs (wakes) it."""
+
+    sleep_mode = True
+
+    def __init__(self) -> None:
+        self.events: list[str] = []
+
+    def sleep(self) -> None:
+        self.events.append("sleep")
+
+    def sync_weights(self, model) -> None:  # noqa: ANN001
+        self.events.append("sync")
+
+
+def test_an_engine_in_sleep_mode_sleeps_through_the_update_and_the_sync_wakes_it(tiny) -> None:
+    model, tok = tiny
+    engine = _SleepyEngine()
+    policy = Policy(_cfg(), model, tok, engine=engine)
+    policy.update(_batch(tok))
+    assert engine.events == ["sleep", "sync"]
+    assert policy.update([TrainSequence([1, 2, 3], [0, 0, 0], 1.0)])["skipped"] is True
+    assert engine.events == ["sleep", "sync"]  # a skipped update leaves the engine awake
 
 
 def test_update_publishes_its_stages(tiny, tmp_path, monkeypatch) -> None:

@@ -230,6 +230,11 @@ def test_cpu_limits_are_clear_errors(tmp_path: Path) -> None:
             VLLMEngine(model, tok, _cfg())
         with pytest.raises(ValueError, match="ipc"):
             VLLMEngine(model, tok, _cfg(), weight_sync="ipc")
+        # the config keys reach the engine through build_engine (CUDA-only features fail before anything starts)
+        with pytest.raises(ValueError, match=r"sleep_mode=true \(config keys <role>.weight_sync, <role>.sleep_mode\)"):
+            build_engine(_cfg(sleep_mode=True), model, tok)
+        with pytest.raises(ValueError, match=r"weight_sync=ipc \(config keys"):
+            build_engine(_cfg(weight_sync="ipc"), model, tok)
 
 
 def test_missing_vllm_is_a_clear_error(monkeypatch: pytest.MonkeyPatch, hf) -> None:  # noqa: ANN001

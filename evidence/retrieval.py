@@ -80,7 +80,9 @@ class BM25sRetriever:
 
         self.from_cache = not cache_entry(path, build, f"the bm25s index of corpus {corpus.name!r}",
                                           legacy_files=("params.index.json",))
-        self.model = built[0] if built else bm25s.BM25.load(str(path), show_progress=False)
+        # Memory-mapped: the index's arrays stay in the page cache, shared by every process on the machine
+        # that maps the same files (bm25s's own figure: ~4.4 GB in RAM for 2.7M passages without it).
+        self.model = built[0] if built else bm25s.BM25.load(str(path), mmap=True, show_progress=False)
         self.build_s = time.perf_counter() - t0
         self._vocab = self.model.vocab_dict
 

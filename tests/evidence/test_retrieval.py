@@ -3,6 +3,7 @@ import logging
 import multiprocessing
 import os
 
+import numpy as np
 import pytest
 
 from coevo.core.cache import is_complete
@@ -43,6 +44,8 @@ def test_cache_reuse_and_invalidation(corpus, tmp_path):
     second = build_retriever(corpus, "bm25s", cache_dir=str(tmp_path))
     assert second.from_cache
     assert second.search(["capital"], 3) == first.search(["capital"], 3)
+    # a cached index is mapped, not read into this process: the page cache holds one copy per machine
+    assert all(isinstance(second.model.scores[k], np.memmap) for k in ("data", "indices", "indptr"))
     changed = Corpus([Passage("x", "X", "capital city")] + corpus.passages, name="toy2")
     assert not build_retriever(changed, "bm25s", cache_dir=str(tmp_path)).from_cache
 

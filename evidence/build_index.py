@@ -2,6 +2,8 @@
 
 The overrides are those of `coevo.run` (`corpus=jsonl corpus.path=… retrieval=e5_faiss …`);
 what gets built is what a run with them would otherwise build inside its actors:
+- with `corpus.mmap` (corpus=jsonl's default), the packed corpus store every actor maps
+  (evidence/corpus_store.py);
 - the retrieval index of `retrieval.backend` (bm25s, dense_minilm, dense_faiss: the backends'
   own cached builders; `rank_bm25` keeps nothing on disk, `http` is served elsewhere, and a
   `retrieval.index_path` file is used as it is);
@@ -31,7 +33,8 @@ from typing import Any, Optional, Sequence
 from coevo.core.cache import is_complete
 from coevo.core.config import CoevoConfig, compose, to_object
 from coevo.core.console import setup_logging
-from evidence.corpus import PRESETS, Corpus, CorpusDigest, corpus_source, digest_corpus, load_corpus
+from evidence.corpus import PRESETS, Corpus, CorpusDigest, corpus_file, corpus_source, digest_corpus
+from evidence.corpus_store import open_corpus, store_path, stored_meta
 from evidence.entities import entity_cache_path
 from evidence.entity_shards import build_sharded
 from evidence.retrieval import build_retriever, index_cache_path
@@ -110,10 +113,15 @@ def check_prebuilt(cfg: CoevoConfig, entities: bool = True) -> None:
     source = corpus_source(cfg.corpus)
     if source not in PRESETS and not Path(source).expanduser().exists():
         return  # not on this node: each actor's host-path check names the node and the key (a cluster run)
-    digest = digest_corpus(source)
+    mapped = bool(cfg.corpus.mmap) and source != "vital_articles"
+    meta = stored_meta(source) if mapped else None
+    digest = (CorpusDigest(meta["name"], meta["source"], meta["n_passages"], meta["content_hash"]) if meta
+              else digest_corpus(source))  # the packed store knows its size and hash: nothing is read
     if len(digest) <= limit:
         return
     missing = missing_indexes(cfg, digest, entities)
+    if mapped and meta is None:
+        missing.insert(0, ("the memory-mapped corpus store", store_path(corpus_file(source)[0])))
     if missing:
         listed = "; ".join(f"{what} at {path}" for what, path in missing)
         raise IndexNotBuilt(
@@ -162,9 +170,12 @@ def build_entities(corpus: Corpus, cfg: CoevoConfig) -> dict[str, Any]:
 def build_all(cfg: CoevoConfig) -> dict[str, Any]:
     """Build (or find cached) every index of `cfg`; returns the summary `main` prints."""
     t0 = time.perf_counter()
-    corpus = load_corpus(corpus_source(cfg.corpus))
+    corpus = open_corpus(cfg.corpus)
     summary: dict[str, Any] = {"corpus": {"name": corpus.name, "source": corpus.source, "passages": len(corpus),
                                           "hash": corpus.content_hash[:16]}}
+    entry = getattr(corpus, "entry", None)  # corpus.mmap: the packed store every actor maps
+    if entry is not None:
+        summary["corpus"].update(store=str(entry), store_bytes=disk_bytes(entry), cached=corpus.from_cache)
     summary["retrieval"] = build_retrieval(corpus, cfg)
     summary["entities"] = build_entities(corpus, cfg)
     summary["seconds"] = round(time.perf_counter() - t0, 3)

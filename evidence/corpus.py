@@ -147,7 +147,7 @@ def _passage_from_record(rec: object, where: str, report: InputReport) -> Option
     return Passage(str(pid), title, bounded(text, MAX_PASSAGE_CHARS, where, report))
 
 
-def _read_jsonl(path: Path, report: InputReport) -> Iterator[Passage]:
+def read_jsonl_passages(path: Path, report: InputReport) -> Iterator[Passage]:
     """Validated passages of a JSONL(.gz) file; a duplicate id names both lines."""
     first_line: dict[str, int] = {}
     try:
@@ -175,7 +175,8 @@ def _finish(passages: Iterable[Passage], name: str, path: Path, report: InputRep
     return corpus
 
 
-def _report(path: Path) -> InputReport:
+def corpus_report(path: Path) -> InputReport:
+    """An empty loading report of the corpus file `path` (what `load_corpus` cut and skipped)."""
     return InputReport(str(path), "corpus", limit=MAX_PASSAGE_CHARS)
 
 
@@ -193,7 +194,7 @@ def load_vital_articles() -> Corpus:
     path = _vital_articles_path()
     with open(path, encoding="utf-8") as f:
         data = json.load(f)
-    report = _report(path)
+    report = corpus_report(path)
     passages = []
     for key, rec in data.items():
         text = (rec.get("extract") or "").strip()
@@ -211,26 +212,22 @@ def load_corpus(path_or_name: str | os.PathLike) -> Corpus:
     name = str(path_or_name)
     if name == "vital_articles":
         return load_vital_articles()
+    path, corpus_name = corpus_file(name)
+    report = corpus_report(path)
+    return _finish(read_jsonl_passages(path, report), corpus_name, path, report)
+
+
+def corpus_file(name: str) -> tuple[Path, str]:
+    """(JSONL file, corpus name) of a file corpus: the `wiki_mini` preset or a path."""
     if name == "wiki_mini":
         path = shared_data_dir() / "wiki_mini" / "corpus.jsonl.gz"
         if not path.exists():
             raise CorpusError(f"corpus 'wiki_mini' expects {path} (set COEVO_SHARED_DATA to the shared data dir)")
-        report = _report(path)
-        return _finish(_read_jsonl(path, report), "wiki_mini", path, report)
-    path = _corpus_file(name)
-    report = _report(path)
-    return _finish(_read_jsonl(path, report), _file_corpus_name(path), path, report)
-
-
-def _corpus_file(name: str) -> Path:
+        return path, name
     path = Path(name).expanduser()
     if not path.exists():
         raise CorpusError(f"corpus {name!r} is neither a preset {list(PRESETS)} nor an existing file")
-    return path
-
-
-def _file_corpus_name(path: Path) -> str:
-    return path.stem.replace(".jsonl", "")
+    return path, path.stem.replace(".jsonl", "")
 
 
 def digest_corpus(path_or_name: str | os.PathLike) -> CorpusDigest:
@@ -243,7 +240,7 @@ def digest_corpus(path_or_name: str | os.PathLike) -> CorpusDigest:
     if name in PRESETS:
         corpus = load_corpus(name)
         return CorpusDigest(corpus.name, corpus.source, len(corpus), corpus.content_hash)
-    path = _corpus_file(name)
+    path, corpus_name = corpus_file(name)
     count = [0]
 
     def counted(passages: Iterable[Passage]) -> Iterator[Passage]:
@@ -251,10 +248,10 @@ def digest_corpus(path_or_name: str | os.PathLike) -> CorpusDigest:
             count[0] += 1
             yield p
 
-    digest = hash_passages(counted(_read_jsonl(path, _report(path))))
+    digest = hash_passages(counted(read_jsonl_passages(path, corpus_report(path))))
     if not count[0]:
         raise CorpusError(f"{path}: holds no passages")
-    return CorpusDigest(_file_corpus_name(path), str(path), count[0], digest)
+    return CorpusDigest(corpus_name, str(path), count[0], digest)
 
 
 def corpus_source(cfg: CorpusConfig) -> str:

@@ -111,7 +111,7 @@ def make_server(retriever: Retriever, host: str = "127.0.0.1", port: int = 8000,
 def main(argv: Optional[Sequence[str]] = None) -> None:
     """Load the configured corpus and retriever, then serve until interrupted."""
     from coevo.core.config import compose, to_object
-    from evidence.corpus import corpus_source, load_corpus
+    from evidence.corpus_store import open_corpus
     from evidence.retrieval import build_retriever
 
     ap = argparse.ArgumentParser(prog="python -m evidence.serve", description=__doc__.split("\n")[0])
@@ -127,7 +127,7 @@ def main(argv: Optional[Sequence[str]] = None) -> None:
     if cfg.retrieval.backend == "http":
         ap.exit(2, "evidence.serve: error: retrieval=http would serve another server's answers; "
                    "expected a local backend (bm25, rank_bm25, dense_minilm, dense_faiss, e5_faiss)\n")
-    corpus = load_corpus(corpus_source(cfg.corpus))
+    corpus = open_corpus(cfg.corpus)
     server = make_server(build_retriever(corpus, cfg.retrieval), args.host, args.port, args.topk)
     host, port = server.server_address[:2]
     print(f"evidence.serve: {cfg.retrieval.backend} over corpus {corpus.name!r} ({len(corpus)} passages) at "

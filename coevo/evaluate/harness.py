@@ -51,7 +51,7 @@ from coevo.evaluate.metrics import (
     untagged_text,
 )
 from coevo.train.policy import Policy
-from evidence.corpus import corpus_source, load_corpus
+from evidence.corpus_store import open_corpus
 from evidence.retrieval import build_retriever
 from solver.agent import ANSWER_STOP, Episode, Task, run_episodes
 from solver.ranker import SearchRequest, SearchTool, build_ranker, format_documents, strip_eos
@@ -136,7 +136,7 @@ def build_eval_stack(cfg: EvalRootConfig) -> EvalStack:
     solver = Policy.from_config(cfg.solver, "solver")
     if cfg.mode == "direct":
         return EvalStack(solver)
-    corpus = load_corpus(corpus_source(cfg.corpus))
+    corpus = open_corpus(cfg.corpus)
     retriever = build_retriever(corpus, cfg.retrieval)
     ranker_cfg = ranker_eval_config(cfg)
     ranker = build_ranker(ranker_cfg, solver, lambda: Policy.from_config(ranker_cfg, "ranker"))

@@ -40,7 +40,7 @@ from coevo.orchestrate.policy_actors import (  # noqa: F401  re-exported: tests 
 from coevo.train.policy import Policy
 from coevo.train.sharded import shard_count
 from evidence.build_index import build_command
-from evidence.corpus import corpus_source, load_corpus
+from evidence.corpus_store import open_corpus
 from evidence.pipeline import EvidencePipeline
 from evidence.retrieval import build_retriever
 from solver.ranker import ranker_policy_config
@@ -52,7 +52,7 @@ class RetrievalWorker:
     def __init__(self, cfg: CoevoConfig) -> None:
         check_host_paths("retrieval", needs(cfg, "retrieval"))  # it only runs as an actor
         _limit_threads(1)
-        self.corpus = load_corpus(corpus_source(cfg.corpus))
+        self.corpus = open_corpus(cfg.corpus)
         self.retriever = build_retriever(self.corpus, cfg.retrieval)
 
     def ready(self) -> dict:
@@ -77,7 +77,7 @@ class EvidenceWorker:
         if own_process:  # in the driver (`ray.local=true`) the policies need every thread
             check_host_paths("evidence", needs(cfg, "evidence"))
             _limit_threads(1)
-        corpus = load_corpus(corpus_source(cfg.corpus))
+        corpus = open_corpus(cfg.corpus)
         retriever = build_retriever(corpus, cfg.retrieval)
         self.pipeline = EvidencePipeline.from_config(corpus, retriever, cfg.evidence,
                                                      max_target_chars=cfg.proposer.max_target_chars)
@@ -260,7 +260,7 @@ def create_local_actors(cfg: CoevoConfig, with_proposer: bool = True) -> Actors:
     if cfg.ranker.mode in ("trainable", "frozen"):
         own = ranker_policy_config(cfg.ranker, cfg.solver)  # None: shares the solver's object
         ranker = solver if own is None else Policy.from_config(own, "ranker")
-    retriever = build_retriever(load_corpus(corpus_source(cfg.corpus)), cfg.retrieval)
+    retriever = build_retriever(open_corpus(cfg.corpus), cfg.retrieval)
     trainable = {r: p for r, p in (("proposer", proposer), ("solver", solver)) if p is not None and not p.frozen}
     if ranker is not None and ranker is not solver and not ranker.frozen:
         trainable["ranker"] = ranker

@@ -10,7 +10,7 @@ from typing import Any, Sequence
 
 from coevo.core.config import CoevoConfig
 from coevo.train.models import describe_model, timed_load
-from evidence.corpus import corpus_source, load_corpus
+from evidence.corpus_store import open_corpus
 from evidence.retrieval import build_retriever
 
 
@@ -32,7 +32,7 @@ def load_stack_summary(cfg: CoevoConfig, roles: Sequence[str] = ("proposer", "so
         }
         del model
     t0 = time.perf_counter()
-    corpus = load_corpus(corpus_source(cfg.corpus))
+    corpus = open_corpus(cfg.corpus)
     summary["corpus"] = {"name": corpus.name, "passages": len(corpus), "hash": corpus.content_hash[:12],
                          "load_s": round(time.perf_counter() - t0, 2)}
     retriever = build_retriever(corpus, cfg.retrieval)

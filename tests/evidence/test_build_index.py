@@ -132,7 +132,8 @@ def test_coevo_run_stops_before_ray_when_a_large_corpus_is_not_indexed(small_cor
     assert "coevo.run: error: corpus 'small' (" in proc.stderr
     # evidence.max_hops=2: set by experiment=smoke, part of the evidence block the command reproduces
     assert ("build them once (resumable) with: python -m evidence.build_index corpus.name=jsonl "
-            f"corpus.path={small_corpus} corpus.mmap=true evidence.max_hops=2 evidence.build_in_run_max_passages=10\n") \
+            f"corpus.path={small_corpus} corpus.mmap=true evidence.max_hops=2 "
+            "evidence.build_in_run_max_passages=10\n") \
         in proc.stderr
     assert not (run_dir / "config.yaml").exists()
     assert "Ray instance" not in (run_dir / "run.log").read_text()

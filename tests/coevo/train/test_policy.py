@@ -176,7 +176,8 @@ def test_generation_rows_split_hf_generate_calls_greedy_results_unchanged(bpe, m
     assert build_engine(_cfg(), model, tok).max_batch_rows is None  # 0: every row in one call
     calls = []
     inner = HFEngine._generate_rows
-    monkeypatch.setattr(HFEngine, "_generate_rows", lambda self, rows, sp: calls.append(len(rows)) or inner(self, rows, sp))
+    monkeypatch.setattr(HFEngine, "_generate_rows",
+                        lambda self, rows, sp: calls.append(len(rows)) or inner(self, rows, sp))
     prompts = [_ids(tok, "what is the capital"), _ids(tok, "Zürich"), _ids(tok, "the search results say that")]
     split = engine.generate(prompts, GREEDY)
     assert calls == [2, 1]  # 3 rows, at most 2 per generate call

@@ -47,8 +47,7 @@ class CorpusConfig:
 
     name: str = "vital_articles"  # vital_articles | wiki_mini | jsonl
     path: Optional[str] = None  # JSONL(.gz) file, used when name=jsonl
-    # file corpora: pack once into $COEVO_CACHE/corpora, every actor maps it (evidence/corpus_store.py)
-    mmap: bool = False
+    mmap: bool = False  # file corpora: packed once into $COEVO_CACHE/corpora, mapped by every actor
 
 
 @dataclass

@@ -109,6 +109,9 @@ def isolated_logging(monkeypatch):
     saved = root.handlers[:], root.level
     monkeypatch.setattr(os, "environ", dict(os.environ))
     monkeypatch.setattr(console, "_configured", {})
+    # an earlier in-process run may have left warnings captured; then captureWarnings(True) is a no-op
+    # and warnings.warn keeps going to pytest's recorder instead of the run log
+    logging.captureWarnings(False)
     yield
     for handler in root.handlers[:]:
         root.removeHandler(handler)

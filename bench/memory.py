@@ -52,6 +52,8 @@ runs/memory-<stamp>/memory.json); the samples go to `<out>.samples.json`, each r
   update_peak_mb {engine: {size: peak rss in the update stage over the first --size-steps steps}},
   update_peak_pss_mb (same, pss), stage_peak_mb {engine: {size: {stage: peak rss}}},
   rss_after_step_mb / pss_after_step_mb {engine: [tree right after each step of the long run]},
+  anon_after_step_by_process_mb {engine: {driver | <comm>:<pid>: [its RssAnon after each step]}} (which
+  process grows),
   checks {engine: {update_growth: peak at the largest size / at the smallest - 1 (done: <= 0.15),
   rss_drift: after the last step / after step 2 - 1 (done: <= 0.05)}}, runs {<engine>-<size>: the
   run's command, returncode, error, wall_s, steps_done, sequences, estimate_peak_mb (the run's own
@@ -98,7 +100,8 @@ def _ratio(a: Optional[float], b: Optional[float]) -> Optional[float]:
 def aggregate(runs: Mapping[str, dict]) -> dict[str, Any]:
     """The report's tables from the runs' summaries (also what `--merge` recomputes)."""
     out: dict[str, Any] = {k: {} for k in ("update_peak_mb", "update_peak_pss_mb", "stage_peak_mb",
-                                           "rss_after_step_mb", "pss_after_step_mb", "checks")}
+                                           "rss_after_step_mb", "pss_after_step_mb",
+                                           "anon_after_step_by_process_mb", "checks")}
     for run in sorted(runs.values(), key=lambda r: (r["engine"], r["size"])):
         eng, size = run["engine"], str(run["size"])
         for key in ("update_peak_mb", "update_peak_pss_mb", "stage_peak_mb"):
@@ -106,6 +109,7 @@ def aggregate(runs: Mapping[str, dict]) -> dict[str, Any]:
         if run["long"]:
             out["rss_after_step_mb"][eng] = run.get("rss_after_step_mb", [])
             out["pss_after_step_mb"][eng] = run.get("pss_after_step_mb", [])
+            out["anon_after_step_by_process_mb"][eng] = run.get("anon_after_step_by_process_mb", {})
     for eng, peaks in out["update_peak_mb"].items():
         sizes = sorted(peaks, key=int)
         after = out["rss_after_step_mb"].get(eng, [])
@@ -167,6 +171,8 @@ def run_one(spec: dict[str, Any], args: argparse.Namespace, out_dir: Path, token
                **summarize(trace.samples, trace.transitions, trace.step_ends, args.size_steps)}
     for series in ("rss_after_step_mb", "pss_after_step_mb"):
         summary[series] = summary[series][:spec["after_steps"]]
+    summary["anon_after_step_by_process_mb"] = {k: v[:spec["after_steps"]]
+                                                for k, v in summary["anon_after_step_by_process_mb"].items()}
     timeline = {"t0": trace.t0, "samples": [{**s, "t": round(s["t"] - trace.t0, 3)} for s in trace.samples],
                 "transitions": [(round(t - trace.t0, 3), st) for t, st in trace.transitions],
                 "step_ends": [round(t - trace.t0, 3) for t in trace.step_ends]}

@@ -54,6 +54,16 @@ def tree_pids(table: Mapping[int, Proc], root: int) -> set[int]:
     return descendants(table, [root]) | ({root} & set(table))
 
 
+def process_label(pid: int, root: int) -> str:
+    """`driver` for the run's own process, else `<comm>:<pid>` (vLLM names its EngineCore and Worker processes)."""
+    if pid == root:
+        return "driver"
+    try:
+        return f"{Path(f'/proc/{pid}/comm').read_text().strip()}:{pid}"
+    except OSError:
+        return f"?:{pid}"
+
+
 def tree_sum(pids: Iterable[int], read: Callable[[int], Optional[dict[str, int]]]) -> dict[str, float]:
     """MiB per field summed over `pids` (a process gone before `read` counts 0), plus `n` processes read."""
     total: dict[str, float] = {"n": 0}
@@ -96,6 +106,12 @@ def _peak(values: Iterable[Optional[float]]) -> Optional[float]:
     return round(max(found), 1) if found else None
 
 
+def _by_process(after: Sequence[Optional[dict]]) -> dict[str, list[Optional[float]]]:
+    """{process label: its anon MiB right after each step (None: not alive then)} from the step-end samples."""
+    labels = sorted({k for s in after if s for k in s.get("procs", {})})
+    return {k: [None if s is None else s.get("procs", {}).get(k) for s in after] for k in labels}
+
+
 def summarize(samples: Sequence[dict], transitions: Sequence[tuple[float, str]], step_ends: Sequence[float],
               size_steps: int) -> dict[str, Any]:
     """Peaks of one run's samples ({t, rss, pss|None, shm, n}) by stage, by step, and the tree after each step."""
@@ -114,6 +130,7 @@ def summarize(samples: Sequence[dict], transitions: Sequence[tuple[float, str]],
         "stage_peak_pss_mb": {k: _peak(s["pss"] for s in v) for k, v in by_stage.items()},
         "rss_after_step_mb": [None if s is None else round(s["rss"], 1) for s in after],
         "pss_after_step_mb": [None if s is None or s["pss"] is None else round(s["pss"], 1) for s in after],
+        "anon_after_step_by_process_mb": _by_process(after),
         "peak_mb": _peak(s["rss"] for s in samples), "shm_peak_mb": _peak(s["shm"] for s in samples),
         "max_processes": max((s["n"] for s in samples), default=0), "samples": len(samples)}
 
@@ -144,8 +161,9 @@ class Trace:
         self.estimate_gib: Optional[float] = None
         self.tail: list[str] = []
 
-    def sample(self, root: int, with_pss: bool) -> dict:
-        """One sample of `root`'s tree: MiB of rss, anon, pss (None unless `with_pss`), shm growth; n processes."""
+    def sample(self, root: int, with_pss: bool, per_process: bool = False) -> dict:
+        """One sample of `root`'s tree: MiB of rss, anon, pss (None unless `with_pss`), shm growth; n processes;
+        with `per_process`, also `procs` {process label: its anon MiB} (which process grows)."""
         table = process_table()
         pids = tree_pids(table, root)
         self.tracked.update({pid: table[pid] for pid in pids})
@@ -153,6 +171,9 @@ class Trace:
         pss = tree_sum(pids, lambda p: _proc_kb(p, "smaps_rollup", ("Pss",))) if with_pss else {}
         s = {"t": time.time(), "rss": rss.get("VmRSS", 0.0), "anon": rss.get("RssAnon", 0.0),
              "pss": pss.get("Pss"), "shm": max(0.0, _shm_mb() - self.shm0), "n": int(rss["n"])}
+        if per_process:
+            s["procs"] = {process_label(pid, root): round(f["RssAnon"] / MB, 1) for pid in sorted(pids)
+                          if (f := _proc_kb(pid, "status", ("RssAnon",))) and "RssAnon" in f}
         self.samples.append(s)
         return s
 
@@ -226,7 +247,8 @@ def watch(proc: subprocess.Popen, trace: Trace, log: Any, args: argparse.Namespa
         ended = trace.step_ended()
         pss_due = args.pss_interval > 0 and now - last_pss >= args.pss_interval
         if fresh or ended or now - last >= args.interval:
-            s = trace.sample(proc.pid, with_pss=bool(ended) or pss_due)  # after a step end: its "after step" sample
+            # after a step end: its "after step" sample, with each process's share
+            s = trace.sample(proc.pid, with_pss=bool(ended) or pss_due, per_process=bool(ended))
             last, last_pss = now, now if s["pss"] is not None else last_pss
         if args.rss_cap_mb and trace.samples and trace.samples[-1]["rss"] > args.rss_cap_mb:
             return f"killed: the process tree passed --rss-cap-mb {args.rss_cap_mb:g}"

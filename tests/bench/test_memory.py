@@ -2,6 +2,8 @@
 samples, the summaries and the report's JSON shape, the run plan (no model is loaded, no run started)."""
 import importlib.util
 import json
+import os
+import subprocess
 import sys
 from argparse import Namespace
 from pathlib import Path
@@ -118,6 +120,26 @@ def test_summarize_attributes_samples_to_stages_and_steps(trace) -> None:
     assert trace.summarize(SAMPLES, TRANSITIONS, STEP_ENDS, size_steps=2)["update_peak_mb"] == 900.0
     late = trace.summarize(SAMPLES[:5], TRANSITIONS, STEP_ENDS, size_steps=1)  # the run ended before a sample
     assert late["rss_after_step_mb"] == [None, None]
+    assert s["anon_after_step_by_process_mb"] == {}  # no step-end sample carried per-process figures
+
+
+def test_summarize_keeps_each_process_anon_after_each_step(trace) -> None:
+    samples = [*SAMPLES[:5], {**SAMPLES[5], "procs": {"driver": 200.0, "EngineCore:7": 40.0}}, SAMPLES[6], SAMPLES[7],
+               {**SAMPLES[8], "procs": {"driver": 210.0, "EngineCore:7": 41.5, "Worker:9": 3.0}}]
+    by_process = trace.summarize(samples, TRANSITIONS, STEP_ENDS, size_steps=1)["anon_after_step_by_process_mb"]
+    assert by_process == {"EngineCore:7": [40.0, 41.5], "Worker:9": [None, 3.0], "driver": [200.0, 210.0]}
+
+
+def test_sample_labels_the_driver_and_its_children(trace, tmp_path) -> None:
+    child = subprocess.Popen([sys.executable, "-c", "import time; time.sleep(30)"])
+    try:
+        t = trace.Trace(tmp_path / "stages", tmp_path / "metrics.jsonl")
+        s = t.sample(os.getpid(), with_pss=False, per_process=True)
+        assert s["procs"]["driver"] > 0 and any(k.endswith(f":{child.pid}") for k in s["procs"])
+        assert "procs" not in t.sample(os.getpid(), with_pss=False)
+    finally:
+        child.kill()
+        child.wait()
 
 
 def test_plan_runs_and_overrides(memory) -> None:

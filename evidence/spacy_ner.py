@@ -17,20 +17,21 @@ import os
 import re
 import time
 from collections import Counter
-from functools import lru_cache
-from typing import Any, Iterable, Iterator, Optional, Sequence
+from functools import lru_cache, partial
+from typing import Any, Callable, Iterable, Iterator, Optional, Sequence
 
 import numpy as np
 
 from coevo.core.progress import track
+from evidence import topic
 from evidence.corpus import MAX_PASSAGE_CHARS, Corpus, Passage
 from evidence.mentions import (
     ALLOWED_LABELS,
     ANNOTATOR_VERSION,
-    TOPIC_PRONOUNS,
     VALUE_LABELS,
     Mention,
     normalize_entity,
+    strip_disambiguator,
     title_key,
 )
 
@@ -180,37 +181,25 @@ def _fold_keys(spans: list[tuple[int, int, str, str]], title: str) -> dict[str, 
     return folded
 
 
-def _topic_pronoun(sent: Any, spans: list, t_key: str, t_label: str) -> Optional[tuple[int, int, str, str]]:
-    """A sentence-opening "He/She/It/Its" as a mention of the passage topic, when it fits."""
-    first = next((t for t in sent if not (t.is_punct or t.is_space)), None)
-    if first is None or first.lower_ not in TOPIC_PRONOUNS or any(a <= first.idx < b for a, b, _, _ in spans):
-        return None
-    wanted = TOPIC_PRONOUNS[first.lower_]
-    # "He"/"She" only for a PERSON topic; "It"/"Its" only for a topic that is not a person.
-    if (wanted == "PERSON") != (t_label == "PERSON"):
-        return None
-    return first.idx, first.idx + len(first.text), t_label, t_key
+def extract_passage(doc: Any, title: str, title_label: Optional[Callable[[str], Optional[str]]] = None
+                    ) -> list[tuple[int, int, list[tuple[int, int, str, str]], list[int]]]:
+    """Per sentence: (start, end, mentions as (start, end, label, key), linker offsets).
 
-
-def extract_passage(doc: Any, title: str) -> list[tuple[int, int, list[tuple[int, int, str, str]], list[int]]]:
-    """Per sentence: (start, end, mentions as (start, end, label, key), linker offsets)."""
+    `title_label(title)` types a topic its passage never names (see `topic.add_topic_mentions`).
+    """
     title_re, t_key = _title_pattern(title), title_key(title) if title else ""
     sents, sentences = list(doc.sents), []
-    for sent in sents:
+    for i, sent in enumerate(sents):
         spans = [(a, b, lab, normalize_entity(doc.text[a:b])) for a, b, lab in _sentence_mentions(sent, title_re)]
         spans = [(a, b, lab, t_key if lab == "TITLE" else key) for a, b, lab, key in spans if key]
+        if i == 0:  # the opening sentence's subject may name the topic in another form
+            spans = topic.lead_subject(sent, spans, title, t_key)
         linkers = [t.idx for t in sent if t.tag_ in LINKER_TAGS]
         sentences.append((sent.start_char, sent.end_char, spans, linkers))
     folded = _fold_keys([m for s in sentences for m in s[2]], t_key)
     sentences = [(a, b, [(x, y, lab, folded.get(k, k)) for x, y, lab, k in spans], links)
                  for a, b, spans, links in sentences]
-    t_labels = Counter(lab for _, _, spans, _ in sentences for _, _, lab, k in spans if k == t_key)
-    if t_key and t_labels:  # the topic must be named in the passage before a pronoun can stand for it
-        t_label = min(t_labels.items(), key=lambda kv: (-kv[1], kv[0]))[0]
-        for i in range(1, len(sentences)):
-            pron = _topic_pronoun(sents[i], sentences[i][2], t_key, t_label)
-            if pron is not None:
-                sentences[i][2].insert(0, pron)
+    topic.add_topic_mentions(sents, [spans for _, _, spans, _ in sentences], title, t_key, title_label)
     return sentences
 
 
@@ -287,9 +276,20 @@ def default_processes(n_passages: int) -> int:
 def annotate_records(passages: Sequence[Passage], model_name: str, n_process: int = 1,
                      batch_size: int = 64) -> Iterator[tuple[str, list]]:
     """Per passage, in order: (title key, `extract_passage` sentences), the records `pack` takes."""
-    docs = load_nlp(model_name).pipe((p.text[:MAX_CHARS] for p in passages), batch_size=batch_size,
-                                     n_process=n_process)
-    return ((title_key(p.title), extract_passage(doc, p.title)) for p, doc in zip(passages, docs))
+    nlp = load_nlp(model_name)
+    docs = nlp.pipe((p.text[:MAX_CHARS] for p in passages), batch_size=batch_size, n_process=n_process)
+    label = partial(title_ner_label, nlp)
+    return ((title_key(p.title), extract_passage(doc, p.title, label)) for p, doc in zip(passages, docs))
+
+
+def title_ner_label(nlp: Any, title: str) -> Optional[str]:
+    """NER label of a title read on its own ("Fritz Vogelgsang" → PERSON), when one entity
+    spans all of it (disambiguator dropped); else None."""
+    name = strip_disambiguator(title).strip()
+    if not name:
+        return None
+    ents = nlp(name).ents
+    return ents[0].label_ if len(ents) == 1 and ents[0].text == name else None
 
 
 def unpack(arrays: dict[str, np.ndarray], vocab: list[str], labels: list[str]) -> Iterator[tuple[str, list]]:

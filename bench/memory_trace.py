@@ -130,7 +130,9 @@ def summarize(samples: Sequence[dict], transitions: Sequence[tuple[float, str]],
         "stage_peak_pss_mb": {k: _peak(s["pss"] for s in v) for k, v in by_stage.items()},
         "rss_after_step_mb": [None if s is None else round(s["rss"], 1) for s in after],
         "pss_after_step_mb": [None if s is None or s["pss"] is None else round(s["pss"], 1) for s in after],
-        "anon_after_step_by_process_mb": _by_process(after),
+        # the sample taken on reading the step's end (an interval sample may come first, without them)
+        "anon_after_step_by_process_mb": _by_process([next((s for s in samples if s["t"] >= t and "procs" in s), None)
+                                                      for t in step_ends]),
         "peak_mb": _peak(s["rss"] for s in samples), "shm_peak_mb": _peak(s["shm"] for s in samples),
         "max_processes": max((s["n"] for s in samples), default=0), "samples": len(samples)}
 

@@ -124,8 +124,9 @@ def test_summarize_attributes_samples_to_stages_and_steps(trace) -> None:
 
 
 def test_summarize_keeps_each_process_anon_after_each_step(trace) -> None:
+    # step 2's first sample after its end is an interval sample; the one with the processes comes next
     samples = [*SAMPLES[:5], {**SAMPLES[5], "procs": {"driver": 200.0, "EngineCore:7": 40.0}}, SAMPLES[6], SAMPLES[7],
-               {**SAMPLES[8], "procs": {"driver": 210.0, "EngineCore:7": 41.5, "Worker:9": 3.0}}]
+               SAMPLES[8], {**SAMPLES[8], "t": 33.7, "procs": {"driver": 210.0, "EngineCore:7": 41.5, "Worker:9": 3.0}}]
     by_process = trace.summarize(samples, TRANSITIONS, STEP_ENDS, size_steps=1)["anon_after_step_by_process_mb"]
     assert by_process == {"EngineCore:7": [40.0, 41.5], "Worker:9": [None, 3.0], "driver": [200.0, 210.0]}
 

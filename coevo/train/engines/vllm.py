@@ -48,6 +48,7 @@ from coevo.core.budget import check_model_len, model_len
 from coevo.core.console import children_print_to_log
 from coevo.core.lifetime import reap_with_owner
 from coevo.core.types import Completion, SamplingParams
+from coevo.train.allocator import children_pin_mmap_threshold
 from coevo.train.engines.vllm_compat import INSTALL_HINT, check_weight_sync_api, require_vllm  # noqa: F401
 from coevo.train.lora import plain_state_dict
 from coevo.train.precision import serving_dtype
@@ -173,7 +174,9 @@ class VLLMEngine:
             enforce_eager = bool(getattr(cfg, "vllm_enforce_eager", True))
         t0 = time.perf_counter()
         kwargs = self._llm_kwargs(path, cfg, enforce_eager, kv_cache_memory_bytes, max_model_len, seed)
-        with children_print_to_log():  # the engine's processes print to run.log, not the terminal
+        # The engine's processes print to run.log, not the terminal, and keep their heap from
+        # growing with every generation round (coevo/train/allocator.py).
+        with children_print_to_log(), children_pin_mmap_threshold():
             self.llm = vllm.LLM(**kwargs)
         self.startup_s = time.perf_counter() - t0  # engine start-up (processes, weights, KV cache)
         self._drop_staged_weights()

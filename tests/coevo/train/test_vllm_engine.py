@@ -6,6 +6,7 @@ head size of at least 32, which the shared tiny fixtures (head size 8-16) do not
 """
 from __future__ import annotations
 
+import os
 import sys
 from pathlib import Path
 
@@ -215,6 +216,21 @@ def test_lora_policy_syncs_merged_weights(engine, hf, model_dir: Path) -> None: 
     original, _ = load_model_and_tokenizer(str(model_dir))
     engine.sync_weights(original)
     assert _ids(engine.generate(prompts, GREEDY)) == _ids(before)
+
+
+def test_engine_processes_start_with_the_pinned_mmap_threshold(engine) -> None:  # noqa: ANN001
+    from coevo.core.lifetime import descendants, process_table
+    from coevo.train.allocator import MMAP_THRESHOLD, MMAP_THRESHOLD_ENV
+
+    table = process_table()
+    children = descendants(table, [os.getpid()])
+    names = {pid: Path(f"/proc/{pid}/comm").read_text().strip() for pid in children}
+    engine_pids = [pid for pid, name in names.items() if name.startswith("VLLM::")]
+    assert {names[p] for p in engine_pids} >= {"VLLM::EngineCor", "VLLM::Worker"}, names
+    for pid in engine_pids:
+        env = Path(f"/proc/{pid}/environ").read_bytes().split(b"\0")
+        assert f"{MMAP_THRESHOLD_ENV}={MMAP_THRESHOLD}".encode() in env, names[pid]
+    assert MMAP_THRESHOLD_ENV not in os.environ  # only the engine's start saw it
 
 
 def test_cpu_limits_are_clear_errors(tmp_path: Path) -> None:

@@ -57,6 +57,7 @@ class RetrievalConfig:
     backend: RetrievalBackend = RetrievalBackend.bm25s  # bm25s | rank_bm25 | dense_minilm | dense_faiss | http
     cache_dir: Optional[str] = None  # index cache (default $COEVO_CACHE/indexes)
     resources: Dict[str, float] = field(default_factory=dict)  # custom Ray resources of the retrieval actor (labels)
+    replicas: int = 1  # retrieval actors (Ray runs); a search's queries are split across them, same files mapped
     # dense_faiss (evidence/dense_faiss.py): a sentence-transformers encoder over a FAISS index.
     encoder: Optional[str] = None  # dense_faiss: sentence-transformers dir or hub id (None: bundled all-MiniLM-L6-v2)
     query_prefix: str = ""  # dense_faiss: put before every query when encoding (e5: "query: ")

@@ -85,7 +85,7 @@ RANGES: dict[str, dict[str, Range]] = {
         "encode_batch_size": AT_LEAST_1, "hnsw_m": Range(2), "hnsw_ef_construction": AT_LEAST_1,
         "hnsw_ef_search": AT_LEAST_1, "ivf_nlist": AT_LEAST_1, "ivf_nprobe": AT_LEAST_1, "pq_m": AT_LEAST_1,
         "pq_bits": Range(1, 16),  # FAISS's PQ codes hold at most 16 bits
-        "timeout_s": POSITIVE, "retries": NON_NEGATIVE, "backoff_s": NON_NEGATIVE,
+        "timeout_s": POSITIVE, "retries": NON_NEGATIVE, "backoff_s": NON_NEGATIVE, "replicas": AT_LEAST_1,
     },
     "LoraConfig": {"rank": NON_NEGATIVE, "alpha": POSITIVE},  # rank 0 = full fine-tuning
     "ClusterConfig": {"nodes": AT_LEAST_1, "gpus_per_node": AT_LEAST_1, "gpu_memory_gb": POSITIVE},

@@ -46,8 +46,8 @@ RUN_OUTPUTS = (LOCK_NAME, CONFIG_NAME, "metrics.jsonl", "tasks", "checkpoints", 
                ".*.tmp", ".tmp-tensorboard-*")
 # Keys that do not change what a run computes: its length, place, hardware, engine and labels.
 NOT_EXPERIMENT = ("run.steps", "run.dir", "run.save_every", "run.memory_check", "run.overwrite", "resume", "dry_run",
-                  "experiment_name", "log.*", "ray.*", "rollout.*", "retrieval.cache_dir", "corpus.mmap", "solve.steps",
-                  "*.preset",
+                  "experiment_name", "log.*", "ray.*", "rollout.*", "retrieval.cache_dir", "retrieval.replicas",
+                  "corpus.mmap", "solve.steps", "*.preset",
                   "*.engine", "*.num_cpus", "*.num_gpus", "*.gpu_memory_utilization", "*.vllm_enforce_eager",
                   "*.weight_sync", "*.sleep_mode",
                   "*.resources", "*.resources.*",

@@ -1,8 +1,9 @@
 """Ray actors (SPEC §5.2) and the thin driver-side proxies that make them look local.
 
 Roles live in their own modules (coevo/policy.py, evidence/, solver/); this module only
-creates the actors and wires them: one actor per trainable policy, one retrieval actor
-(corpus + index), one evidence actor (spaCy + entity index). A policy with `num_gpus = n > 1`
+creates the actors and wires them: one actor per trainable policy, `retrieval.replicas`
+retrieval actors (corpus + index, each mapping the same files: evidence/corpus_store.py and
+bm25s's mmap), one evidence actor (spaCy + entity index). A policy with `num_gpus = n > 1`
 is a group of n worker actors, one GPU each, sharing one torch.distributed process group
 (coevo/train/sharded.py), behind a proxy with the single actor's interface (`RemoteShardedPolicy`).
 The proxies expose the same methods the episode code calls (`generate`, `chat_prompt_ids`, `tokenizer`, `search`,
@@ -133,16 +134,36 @@ class RemoteCorpus:
         return self.passages[passage_id]
 
 
-class RemoteRetriever:
-    """Driver-side stand-in for a retriever: `search` and `corpus[pid]`, backed by the actor."""
+def split_evenly(items: list[Any], parts: int) -> list[list[Any]]:
+    """`items` in at most `parts` contiguous chunks whose sizes differ by at most one (no empty chunk,
+    except the one chunk of an empty list)."""
+    parts = max(1, min(parts, len(items)))
+    base, extra = divmod(len(items), parts)
+    bounds = [i * base + min(i, extra) for i in range(parts + 1)]
+    return [items[bounds[i]:bounds[i + 1]] for i in range(parts)]
 
-    def __init__(self, actor: Any) -> None:
-        self.actor = actor
+
+class RemoteRetriever:
+    """Driver-side stand-in for a retriever: `search` and `corpus[pid]`, backed by its replica actors.
+
+    A batch of queries is split into contiguous chunks, one per replica, searched at once; the
+    hits come back in query order, so the result is the single actor's whatever the replica count.
+    """
+
+    def __init__(self, actors: list[Any]) -> None:
+        if not actors:
+            raise ValueError("RemoteRetriever needs at least one retrieval actor")
+        self.actors = actors
         self.corpus = RemoteCorpus()
 
     def search(self, queries: list[str], k: int) -> list[list[Any]]:
-        hits, passages = call(self.actor.search_with_passages.remote(queries, k), "retrieval")
-        self.corpus.passages.update(passages)
+        chunks = split_evenly(list(queries), len(self.actors))
+        refs = [actor.search_with_passages.remote(chunk, k) for actor, chunk in zip(self.actors, chunks)]
+        hits: list[list[Any]] = []
+        for ref in refs:
+            part, passages = call(ref, "retrieval")
+            hits += part
+            self.corpus.passages.update(passages)
         return hits
 
 
@@ -175,9 +196,15 @@ def _requests(cfg: CoevoConfig, ranker: Optional[PolicyConfig]) -> dict[str, dic
             out[name] = request_of(p.num_cpus / ranks, 1, p.resources) if ranks else request_of(
                 p.num_cpus, p.num_gpus, p.resources)
     # One core each: BM25 search and spaCy are single-threaded (_limit_threads(1)).
-    out["retrieval"] = request_of(1, 0, cfg.retrieval.resources)
+    for name in retrieval_names(cfg.retrieval.replicas):
+        out[name] = request_of(1, 0, cfg.retrieval.resources)
     out["evidence"] = request_of(1, 0, cfg.evidence.resources)
     return out
+
+
+def retrieval_names(replicas: int) -> list[str]:
+    """Actor names of the retrieval replicas: `retrieval`, then `retrieval.1`, ... (as a sharded role's ranks)."""
+    return rank_names("retrieval", replicas)
 
 
 def start_notes(cfg: CoevoConfig) -> dict[str, str]:
@@ -185,7 +212,8 @@ def start_notes(cfg: CoevoConfig) -> dict[str, str]:
     build = (f"an index not in the cache is built here, inside the readiness window; build indexes once, before "
              f"the run, with `{build_command(cfg)}` (resumable)")
     return {**{role: f"loads the {role} model" for role in ("proposer", "solver", "ranker")},
-            "retrieval": f"loads the corpus and its {cfg.retrieval.backend} index; {build}",
+            **{name: f"loads the corpus and its {cfg.retrieval.backend} index; {build}"
+               for name in retrieval_names(cfg.retrieval.replicas)},
             "evidence": f"loads the corpus, the retriever and the entity index (spaCy over every passage); {build}"}
 
 
@@ -227,13 +255,15 @@ def create_actors(cfg: CoevoConfig) -> Actors:
     ranker: Optional[RemotePolicy] = None
     if cfg.ranker.mode in ("trainable", "frozen"):
         ranker = solver if own is None else _policy_actor(cfg, own, "ranker", cfg.seed + 3, opts)
-    retrieval = RemoteRetriever(ray.remote(RetrievalWorker).options(**opts["retrieval"]).remote(cfg))
+    retrieval = RemoteRetriever([ray.remote(RetrievalWorker).options(**opts[name]).remote(cfg)
+                                 for name in retrieval_names(cfg.retrieval.replicas)])
     evidence = RemoteEvidence(ray.remote(EvidenceWorker).options(**opts["evidence"]).remote(cfg))
     trainable = {r: p for r, p in (("proposer", proposer), ("solver", solver)) if not p.frozen}
     if ranker is not None and ranker is not solver and not ranker.frozen:
         trainable["ranker"] = ranker
     policies = {"proposer": proposer, "solver": solver, "ranker": ranker if own is not None else None}
-    handles = {**_handles(policies), "retrieval": retrieval.actor, "evidence": evidence.actor}
+    handles = {**_handles(policies), **dict(zip(retrieval_names(len(retrieval.actors)), retrieval.actors)),
+               "evidence": evidence.actor}
     placed = wait_until_ready(handles, requests, cfg.ray, call, pg, starting=start_notes(cfg))
     for proxy in policies.values():  # every rank placed: the process groups can form
         if isinstance(proxy, RemoteShardedPolicy):

@@ -294,10 +294,11 @@ def init_ray(cfg: CoevoConfig) -> None:
         # which ray.init() would otherwise join, and which refuses num_cpus.
         kwargs["address"] = "local"
         # Policies declare their CPU share; a local cluster must admit all actors even on 2 cores.
-        need = math.ceil(sum(getattr(cfg, r).num_cpus for r in ("proposer", "solver", "ranker")) + 2)
+        need = math.ceil(sum(getattr(cfg, r).num_cpus for r in ("proposer", "solver", "ranker"))
+                         + cfg.retrieval.replicas + 1)
         if cfg.ray.num_cpus is not None and cfg.ray.num_cpus < need:
             raise ValueError(f"config key ray.num_cpus={cfg.ray.num_cpus} is too small: the actors request {need} "
-                             "CPUs (proposer/solver/ranker num_cpus + retrieval + evidence)")
+                             "CPUs (proposer/solver/ranker num_cpus + one per retrieval replica + evidence)")
         kwargs["num_cpus"] = cfg.ray.num_cpus or max(need, os.cpu_count() or 1)
     ray.init(**kwargs)
     route_library_loggers()  # ray.init's own records (cluster started, ...) to run.log, not the terminal

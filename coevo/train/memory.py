@@ -174,7 +174,8 @@ def run_terms(cfg: CoevoConfig, shapes: dict[str, ModelShape], memory_total: int
                               "gpu" if on_gpu else "cpu", generated_rows(cfg, role, with_proposer),
                               (adapters or {}).get(role, 0))
     ray = not cfg.ray.local and with_proposer  # coevo.solve runs in one process
-    processes = 1 + (len(roles) + 2 if ray else 0)  # driver (+ policy, retrieval, evidence actors)
+    # driver (+ policy actors, the retrieval replicas, the evidence actor)
+    processes = 1 + (len(roles) + cfg.retrieval.replicas + 1 if ray else 0)
     terms.append(Term("run", "runtime", processes * PROCESS_RUNTIME, "cpu",
                       f"{processes} process{'es' if processes > 1 else ''}"))
     return terms

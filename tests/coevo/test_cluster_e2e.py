@@ -17,7 +17,7 @@ import pytest
 import yaml
 
 ROOT = Path(__file__).resolve().parents[2]
-# node_a: 0.5 + 0.5 + 1 CPU of its 2; node_b: 0.5 + 1.
+# node_a: 0.5 + 0.5 + 1 + 1 CPU of its 3 (two retrieval replicas, both pinned by retrieval.resources); node_b: 0.5 + 1.
 PINNED = {"proposer": "node_a", "ranker": "node_a", "retrieval": "node_a", "solver": "node_b", "evidence": "node_b"}
 
 
@@ -83,7 +83,7 @@ def test_run_on_a_two_node_cluster(tmp_path, small_corpus):
     # without creating that directory: on a machine where no Ray session has left /tmp/ray it fails
     # (FileNotFoundError), which made this test pass or fail with the machine's history.
     os.makedirs(os.path.dirname(ray._private.utils.get_ray_address_file(None)), exist_ok=True)
-    cluster = Cluster(initialize_head=True, head_node_args={"num_cpus": 2, "resources": {"node_a": 1},
+    cluster = Cluster(initialize_head=True, head_node_args={"num_cpus": 3, "resources": {"node_a": 1},
                                                             "include_dashboard": False, "temp_dir": temp_dir})
     try:
         cluster.add_node(num_cpus=2, resources={"node_b": 1})
@@ -92,16 +92,16 @@ def test_run_on_a_two_node_cluster(tmp_path, small_corpus):
         ray_pids = [p.process.pid for n in cluster.list_all_nodes() for ps in n.all_processes.values() for p in ps]
         run_dir = tmp_path / "run"
         cmd = [sys.executable, "-m", "coevo.run", "experiment=smoke", "corpus=jsonl", f"corpus.path={small_corpus}",
-               f"run.dir={run_dir}", f"ray.address={cluster.address}", "run.steps=1",
+               f"run.dir={run_dir}", f"ray.address={cluster.address}", "run.steps=1", "retrieval.replicas=2",
                *(f"{r}.num_cpus=0.5" for r in ("proposer", "solver", "ranker")),
                *(f"+{role}.resources.{label}=0.1" for role, label in PINNED.items())]
         proc = subprocess.run(cmd, cwd=ROOT, env={**os.environ, "PYTHONUNBUFFERED": "1"}, capture_output=True,
                               text=True, timeout=600)
         assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-3000:]
-        assert "[step 1/1]" in proc.stdout and "ray: 5 actors on 2 node(s)" in proc.stdout, proc.stdout[-3000:]
+        assert "[step 1/1]" in proc.stdout and "ray: 6 actors on 2 node(s)" in proc.stdout, proc.stdout[-3000:]
         placement = yaml.safe_load((run_dir / "config.yaml").read_text())["placement"]
         assert {role: p["node_id"] for role, p in placement.items()} == {
-            role: node_a if label == "node_a" else node_b for role, label in PINNED.items()}
+            **{role: node_a if label == "node_a" else node_b for role, label in PINNED.items()}, "retrieval.1": node_a}
         assert placement["solver"]["resources"] == {"CPU": 0.5, "node_b": 0.1}
         log = (run_dir / "run.log").read_text()
         assert f"actor solver on node {node_b}" in log and f"actor proposer on node {node_a}" in log

@@ -1,6 +1,7 @@
 """Actor wiring without Ray (`create_local_actors`) with the tiny-random preset."""
 import json
 
+import pytest
 import torch
 
 from coevo.core.config import compose, to_object
@@ -32,7 +33,7 @@ def test_frozen_shared_backbone_ranker_does_not_drift(tmp_path):
 
 
 def test_evidence_body_limits_threads_only_in_its_own_process(monkeypatch):
-    monkeypatch.setattr(actors_mod, "load_corpus", lambda source: None)
+    monkeypatch.setattr(actors_mod, "open_corpus", lambda corpus_cfg: None)
     monkeypatch.setattr(actors_mod, "build_retriever", lambda *a, **k: None)
     monkeypatch.setattr(actors_mod.EvidencePipeline, "from_config", classmethod(lambda cls, *a, **k: "pipeline"))
     cfg = to_object(compose(["experiment=smoke"]))
@@ -45,3 +46,48 @@ def test_evidence_body_limits_threads_only_in_its_own_process(monkeypatch):
         assert torch.get_num_threads() == 1  # an actor takes its one core
     finally:
         torch.set_num_threads(before)
+
+
+@pytest.mark.parametrize("n, parts, sizes", [(7, 3, [3, 2, 2]), (6, 3, [2, 2, 2]), (2, 4, [1, 1]), (0, 3, [0]),
+                                             (5, 1, [5])])
+def test_split_evenly_hand_computed(n, parts, sizes):
+    chunks = actors_mod.split_evenly(list(range(n)), parts)
+    assert [len(c) for c in chunks] == sizes
+    assert [x for c in chunks for x in c] == list(range(n))  # contiguous, in order
+
+
+class _FakeRetrievalActor:
+    """A retrieval actor whose `.remote` answers at once: hits name the query, passages the hit."""
+
+    def __init__(self) -> None:
+        self.calls = []
+        self.search_with_passages = self
+
+    def remote(self, queries, k):
+        self.calls.append(list(queries))
+        hits = [[f"{q}#{i}" for i in range(k)] for q in queries]
+        return hits, {h: f"text of {h}" for row in hits for h in row}
+
+
+def test_remote_retriever_splits_a_batch_across_replicas_and_keeps_query_order(monkeypatch):
+    monkeypatch.setattr(actors_mod, "call", lambda ref, what: ref)
+    queries = [f"q{i}" for i in range(5)]
+    one = actors_mod.RemoteRetriever([_FakeRetrievalActor()])
+    fakes = [_FakeRetrievalActor() for _ in range(3)]
+    three = actors_mod.RemoteRetriever(fakes)
+    assert three.search(queries, 2) == one.search(queries, 2)
+    assert [f.calls for f in fakes] == [[["q0", "q1"]], [["q2", "q3"]], [["q4"]]]
+    assert three.corpus["q4#1"] == "text of q4#1" and three.corpus.passages == one.corpus.passages
+    assert three.search(["q9"], 1) == [["q9#0"]] and fakes[1].calls == [["q2", "q3"]]  # one query: one replica
+    with pytest.raises(ValueError, match="at least one retrieval actor"):
+        actors_mod.RemoteRetriever([])
+
+
+def test_each_retrieval_replica_is_an_actor_with_its_core_and_start_note():
+    cfg = to_object(compose(["experiment=smoke", "retrieval.replicas=3"]))
+    requests = actors_mod._requests(cfg, None)
+    names = ["retrieval", "retrieval.1", "retrieval.2"]
+    assert [n for n in requests if n.startswith("retrieval")] == names
+    assert all(requests[n] == requests["evidence"] for n in names)  # one CPU each, like the evidence actor
+    notes = actors_mod.start_notes(cfg)
+    assert all("loads the corpus and its bm25s index" in notes[n] for n in names)

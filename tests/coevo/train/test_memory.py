@@ -126,6 +126,8 @@ def test_the_default_run_fits_a_24_gb_machine():
     assert 20.2 * GIB < peak_bytes(terms) < 20.3 * GIB  # < 22 GiB available on an idle 24 GB machine
     local = run_terms(to_object(compose(["ray.local=true"])), shapes, memory_total=24 * GIB)
     assert peak_bytes(local) == lasting + generation + PROCESS_RUNTIME
+    replicated = run_terms(to_object(compose(["retrieval.replicas=3"])), shapes, memory_total=24 * GIB)
+    assert peak_bytes(replicated) == peak_bytes(terms) + 2 * PROCESS_RUNTIME  # two more retrieval processes
 
 
 def test_solve_with_vllm_fits_a_24_gb_machine():

@@ -154,6 +154,7 @@ def test_placed_actors_time_out_naming_what_they_are_doing(monkeypatch):
     assert "not waiting for CPUs/GPUs" in text and "Free now" not in text
     assert ("evidence: loads the corpus, the retriever and the entity index (spaCy over every passage); an index "
             "not in the cache is built here, inside the readiness window; build indexes once, before the run, "
-            "with `python -m evidence.build_index corpus.name=jsonl corpus.path=/data/wiki-18.jsonl` (resumable)"
+            "with `python -m evidence.build_index corpus.name=jsonl corpus.path=/data/wiki-18.jsonl corpus.mmap=true` "
+            "(resumable)"
             ) in text
     assert "solver: loads the solver model" in text

@@ -44,11 +44,12 @@ import torch
 
 from coevo.core.budget import check_prompts_fit
 from coevo.core.config import PolicyConfig
-from coevo.core.grpo import clipped_surrogate_loss, k3_kl, masked_mean, sequence_token_logprobs, shared_prefix_len
+from coevo.core.grpo import clipped_surrogate_loss, k3_kl, masked_mean, sequence_token_logprobs
 from coevo.core.io import atomic_dir
 from coevo.core.stages import stage
 from coevo.core.types import Completion, Engine, SamplingParams, TrainSequence
 from coevo.train.allocator import pin_mmap_threshold
+from coevo.train.batching import check_sequence, micro_batch_tensors, micro_batches
 from coevo.train.checkpoint import OPTIMIZER_FILE
 from coevo.train.engines import build_engine
 from coevo.train.lora import apply_lora, hf_model, is_adapter_dir, load_adapter_weights
@@ -163,50 +164,10 @@ class Policy:
     # ---- training ---------------------------------------------------------------------------
 
     def _micro_batches(self, batch: list[TrainSequence]) -> list[list[TrainSequence]]:
-        """`batch` split into micro-batches of `micro_batch_size`; similar lengths share one to waste little padding.
-
-        With `shared_prompt`, sequences with the same prompt (tokens before the first loss-masked
-        one) are chunked together first, so those micro-batches can run their prompt once.
-        """
-        size = max(1, int(self.cfg.micro_batch_size))
-        order = sorted(range(len(batch)), key=lambda i: len(batch[i].input_ids), reverse=True)
-        if not self.shared_prompt or size == 1:
-            return [[batch[i] for i in order[start:start + size]] for start in range(0, len(order), size)]
-        families: dict[tuple, list[int]] = {}
-        for i in order:
-            families.setdefault(_prompt_key(batch[i]), []).append(i)
-        chunks = [f[start:start + size] for f in families.values() for start in range(0, len(f), size)]
-        shared = [c for c in chunks if len(c) > 1]
-        single = {c[0] for c in chunks if len(c) == 1}
-        rest = [i for i in order if i in single]  # prompts with one sequence left: batched by length
-        loose = [rest[start:start + size] for start in range(0, len(rest), size)]
-        return [[batch[i] for i in chunk] for chunk in shared + loose]
+        return micro_batches(batch, self.cfg.micro_batch_size, self.shared_prompt)
 
     def _tensors(self, seqs: list[TrainSequence]) -> dict:
-        """Right-padded device tensors of one micro-batch, as wide as its own longest sequence.
-
-        Keys: ids, attn [b, T]; mask, old [b, T-1] (shifted to align with next-token logprobs;
-        old is 0 where a sequence has none); adv [b]; has_old [b] bool; prefix: the rows' shared
-        prompt length for `sequence_token_logprobs` (0 without `shared_prompt`).
-        """
-        width = max(2, max(len(s.input_ids) for s in seqs))
-        ids = torch.full((len(seqs), width), self.tokenizer.pad_token_id or 0, dtype=torch.long)
-        attn = torch.zeros((len(seqs), width), dtype=torch.long)
-        mask = torch.zeros((len(seqs), width), dtype=torch.float32)
-        old = torch.zeros((len(seqs), width), dtype=torch.float32)
-        for i, s in enumerate(seqs):
-            n = len(s.input_ids)
-            ids[i, :n] = torch.tensor(s.input_ids, dtype=torch.long)
-            attn[i, :n] = 1
-            mask[i, :n] = torch.tensor(s.loss_mask, dtype=torch.float32)
-            if s.old_logprobs is not None:
-                old[i, :n] = torch.tensor(s.old_logprobs, dtype=torch.float32)
-        dev = self.device
-        prefix = shared_prefix_len(ids, attn, mask[:, 1:]) if self.shared_prompt else 0
-        return {"ids": ids.to(dev), "attn": attn.to(dev), "mask": mask[:, 1:].to(dev), "old": old[:, 1:].to(dev),
-                "prefix": prefix,
-                "adv": torch.tensor([s.advantage for s in seqs], dtype=torch.float32).to(dev),
-                "has_old": torch.tensor([s.old_logprobs is not None for s in seqs]).to(dev)}
+        return micro_batch_tensors(seqs, self.tokenizer.pad_token_id or 0, self.device, self.shared_prompt)
 
     @torch.no_grad()
     def _prepare(self, groups: list[list[TrainSequence]], forward_old: Optional[list[bool]] = None) -> list[dict]:
@@ -385,17 +346,3 @@ class TokenLogprobs(torch.nn.Module):
 
     def forward(self, ids: torch.Tensor, attn: torch.Tensor, mask: torch.Tensor, prefix: int = 0) -> torch.Tensor:
         return sequence_token_logprobs(self.model, ids, attn, positions=mask, prefix_len=prefix)
-
-
-def _prompt_key(s: TrainSequence) -> tuple[int, ...]:
-    """The tokens of `s` before its first loss-masked one: the prompt its group's rollouts share."""
-    first = next((i for i, m in enumerate(s.loss_mask) if m), len(s.loss_mask))
-    return tuple(s.input_ids[:first])
-
-
-def check_sequence(s: TrainSequence) -> None:
-    n = len(s.input_ids)
-    if len(s.loss_mask) != n:
-        raise ValueError(f"TrainSequence loss_mask has {len(s.loss_mask)} entries for {n} input_ids")
-    if s.old_logprobs is not None and len(s.old_logprobs) != n:
-        raise ValueError(f"TrainSequence old_logprobs has {len(s.old_logprobs)} entries for {n} input_ids")

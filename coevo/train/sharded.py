@@ -55,10 +55,11 @@ from coevo.core.config import PolicyConfig
 from coevo.core.io import atomic_dir
 from coevo.core.stages import stage
 from coevo.core.types import Completion, SamplingParams, TrainSequence
+from coevo.train.batching import check_sequence
 from coevo.train.checkpoint import OPTIMIZER_FILE
 from coevo.train.engines import build_engine
 from coevo.train.models import load_model_and_tokenizer
-from coevo.train.policy import Policy, TokenLogprobs, check_sequence
+from coevo.train.policy import Policy, TokenLogprobs
 from coevo.train.precision import bf16_compute
 
 FULL = StateDictOptions(full_state_dict=True, cpu_offload=True)

@@ -1,0 +1,73 @@
+"""How an update's sequences become micro-batches and padded tensors (coevo/train/policy.py, sharded.py).
+
+Stateless: the policy passes its `micro_batch_size`, `shared_prompt`, pad id and device.
+"""
+from __future__ import annotations
+
+import torch
+
+from coevo.core.grpo import shared_prefix_len
+from coevo.core.types import TrainSequence
+
+
+def check_sequence(s: TrainSequence) -> None:
+    """A ValueError when `s`'s per-token lists do not match its `input_ids` in length."""
+    n = len(s.input_ids)
+    if len(s.loss_mask) != n:
+        raise ValueError(f"TrainSequence loss_mask has {len(s.loss_mask)} entries for {n} input_ids")
+    if s.old_logprobs is not None and len(s.old_logprobs) != n:
+        raise ValueError(f"TrainSequence old_logprobs has {len(s.old_logprobs)} entries for {n} input_ids")
+
+
+def micro_batches(batch: list[TrainSequence], micro_batch_size: int,
+                  shared_prompt: bool) -> list[list[TrainSequence]]:
+    """`batch` split into micro-batches of `micro_batch_size`; similar lengths share one to waste little padding.
+
+    With `shared_prompt`, sequences with the same prompt (tokens before the first loss-masked
+    one) are chunked together first, so those micro-batches can run their prompt once.
+    """
+    size = max(1, int(micro_batch_size))
+    order = sorted(range(len(batch)), key=lambda i: len(batch[i].input_ids), reverse=True)
+    if not shared_prompt or size == 1:
+        return [[batch[i] for i in order[start:start + size]] for start in range(0, len(order), size)]
+    families: dict[tuple, list[int]] = {}
+    for i in order:
+        families.setdefault(_prompt_key(batch[i]), []).append(i)
+    chunks = [f[start:start + size] for f in families.values() for start in range(0, len(f), size)]
+    shared = [c for c in chunks if len(c) > 1]
+    single = {c[0] for c in chunks if len(c) == 1}
+    rest = [i for i in order if i in single]  # prompts with one sequence left: batched by length
+    loose = [rest[start:start + size] for start in range(0, len(rest), size)]
+    return [[batch[i] for i in chunk] for chunk in shared + loose]
+
+
+def micro_batch_tensors(seqs: list[TrainSequence], pad_id: int, device: torch.device, shared_prompt: bool) -> dict:
+    """Right-padded device tensors of one micro-batch, as wide as its own longest sequence.
+
+    Keys: ids, attn [b, T]; mask, old [b, T-1] (shifted to align with next-token logprobs;
+    old is 0 where a sequence has none); adv [b]; has_old [b] bool; prefix: the rows' shared
+    prompt length for `sequence_token_logprobs` (0 without `shared_prompt`).
+    """
+    width = max(2, max(len(s.input_ids) for s in seqs))
+    ids = torch.full((len(seqs), width), pad_id, dtype=torch.long)
+    attn = torch.zeros((len(seqs), width), dtype=torch.long)
+    mask = torch.zeros((len(seqs), width), dtype=torch.float32)
+    old = torch.zeros((len(seqs), width), dtype=torch.float32)
+    for i, s in enumerate(seqs):
+        n = len(s.input_ids)
+        ids[i, :n] = torch.tensor(s.input_ids, dtype=torch.long)
+        attn[i, :n] = 1
+        mask[i, :n] = torch.tensor(s.loss_mask, dtype=torch.float32)
+        if s.old_logprobs is not None:
+            old[i, :n] = torch.tensor(s.old_logprobs, dtype=torch.float32)
+    prefix = shared_prefix_len(ids, attn, mask[:, 1:]) if shared_prompt else 0
+    return {"ids": ids.to(device), "attn": attn.to(device), "mask": mask[:, 1:].to(device),
+            "old": old[:, 1:].to(device), "prefix": prefix,
+            "adv": torch.tensor([s.advantage for s in seqs], dtype=torch.float32).to(device),
+            "has_old": torch.tensor([s.old_logprobs is not None for s in seqs]).to(device)}
+
+
+def _prompt_key(s: TrainSequence) -> tuple[int, ...]:
+    """The tokens of `s` before its first loss-masked one: the prompt its group's rollouts share."""
+    first = next((i for i, m in enumerate(s.loss_mask) if m), len(s.loss_mask))
+    return tuple(s.input_ids[:first])

@@ -41,7 +41,8 @@ def parse_kb(text: str, keys: Iterable[str]) -> dict[str, int]:
     return out
 
 
-def _proc_kb(pid: int, file: str, keys: Sequence[str]) -> Optional[dict[str, int]]:
+def proc_kb(pid: int, file: str, keys: Sequence[str]) -> Optional[dict[str, int]]:
+    """{key: kB} of /proc/<pid>/<file> for `keys` present; None once the process is gone."""
     try:
         with open(f"/proc/{pid}/{file}") as f:
             return parse_kb(f.read(), keys)
@@ -169,13 +170,13 @@ class Trace:
         table = process_table()
         pids = tree_pids(table, root)
         self.tracked.update({pid: table[pid] for pid in pids})
-        rss = tree_sum(pids, lambda p: _proc_kb(p, "status", ("VmRSS", "RssAnon")))
-        pss = tree_sum(pids, lambda p: _proc_kb(p, "smaps_rollup", ("Pss",))) if with_pss else {}
+        rss = tree_sum(pids, lambda p: proc_kb(p, "status", ("VmRSS", "RssAnon")))
+        pss = tree_sum(pids, lambda p: proc_kb(p, "smaps_rollup", ("Pss",))) if with_pss else {}
         s = {"t": time.time(), "rss": rss.get("VmRSS", 0.0), "anon": rss.get("RssAnon", 0.0),
              "pss": pss.get("Pss"), "shm": max(0.0, _shm_mb() - self.shm0), "n": int(rss["n"])}
         if per_process:
             s["procs"] = {process_label(pid, root): round(f["RssAnon"] / MB, 1) for pid in sorted(pids)
-                          if (f := _proc_kb(pid, "status", ("RssAnon",))) and "RssAnon" in f}
+                          if (f := proc_kb(pid, "status", ("RssAnon",))) and "RssAnon" in f}
         self.samples.append(s)
         return s
 

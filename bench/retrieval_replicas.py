@@ -25,9 +25,11 @@ import time
 from pathlib import Path
 from typing import Any
 
-sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
+BENCH = Path(__file__).resolve().parent
+sys.path[:0] = [str(BENCH.parent), str(BENCH)]  # coevo, and memory_trace beside this file
 
 import ray  # noqa: E402
+from memory_trace import proc_kb  # noqa: E402
 
 from coevo.core.config import compose, to_object  # noqa: E402
 from coevo.core.inputs import load_labelled_questions  # noqa: E402
@@ -37,8 +39,11 @@ from evidence.corpus import shared_data_dir  # noqa: E402
 
 
 def _kb(pid: int, file: str, key: str) -> int:
-    with open(f"/proc/{pid}/{file}") as f:
-        return next(int(line.split()[1]) for line in f if line.startswith(key + ":"))
+    """One /proc figure of a live actor."""
+    found = proc_kb(pid, file, (key,))
+    if not found or key not in found:
+        raise RuntimeError(f"/proc/{pid}/{file} has no {key}: the retrieval actor died during the benchmark")
+    return found[key]
 
 
 def measure(replicas: int, cfg: Any, batches: list[list[str]], k: int, rounds: int) -> tuple[dict, list]:

@@ -48,7 +48,9 @@ def _kb(pid: int, file: str, key: str) -> int:
 
 def measure(replicas: int, cfg: Any, batches: list[list[str]], k: int, rounds: int) -> tuple[dict, list]:
     """qps and memory of `replicas` actors over `rounds` passes of `batches`; also the hits of one pass."""
-    ray.init(num_cpus=replicas + 1, include_dashboard=False, configure_logging=False, log_to_driver=False)
+    # address="local": a cluster of its own, never one already running on the machine (a run's or a test's).
+    ray.init(address="local", num_cpus=replicas + 1, include_dashboard=False, configure_logging=False,
+             log_to_driver=False)
     try:
         actors = [ray.remote(RetrievalWorker).options(num_cpus=1).remote(cfg) for _ in range(replicas)]
         pids = [ray.get(a.ready.remote())["pid"] for a in actors]

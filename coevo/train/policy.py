@@ -54,7 +54,7 @@ from coevo.train.checkpoint import OPTIMIZER_FILE
 from coevo.train.engines import build_engine
 from coevo.train.lora import apply_lora, hf_model, is_adapter_dir, load_adapter_weights
 from coevo.train.models import load_model_and_tokenizer
-from coevo.train.precision import bf16_compute, check_trainable_dtype, compute_context
+from coevo.train.precision import allocate_optimizer_state, bf16_compute, check_trainable_dtype, compute_context
 from coevo.train.preflight import require_gpus
 from coevo.train.recompute import enable_gradient_checkpointing, train_mode
 
@@ -63,7 +63,8 @@ class Policy:
     """Holds a model and everything needed to sample from it and train it with GRPO."""
 
     def __init__(self, cfg: PolicyConfig, model, tokenizer, role: str = "policy",  # noqa: ANN001
-                 engine: Optional[Engine] = None) -> None:
+                 engine: Optional[Engine] = None, optimizer_now: bool = True) -> None:
+        """`optimizer_now=False`: the caller builds the optimizer later (sharded.py, over sharded parameters)."""
         self.cfg = cfg
         self.role = role
         self.frozen = bool(cfg.frozen)
@@ -95,7 +96,8 @@ class Policy:
                 self.ref_model = copy.deepcopy(model).eval().requires_grad_(False)
                 if bf16_compute(cfg, self.device):  # never stepped: bf16 halves it and computes as the policy does
                     self.ref_model.to(torch.bfloat16)
-            self.build_optimizer()
+            if optimizer_now:
+                self.build_optimizer()
         self.ref_scorer = TokenLogprobs(self.ref_model) if self.ref_model is not None else None
         self.engine = engine if engine is not None else build_engine(cfg, self.model, tokenizer)
 
@@ -103,6 +105,8 @@ class Policy:
         """A fresh AdamW over the trainable parameters (again once coevo/train/sharded.py has sharded them)."""
         params = [p for p in self.model.parameters() if p.requires_grad]
         self.optimizer = torch.optim.AdamW(params, lr=self.cfg.lr, weight_decay=self.cfg.weight_decay)
+        # Moments now, not at this role's first training group: the process reaches its size at start.
+        allocate_optimizer_state(self.optimizer)
 
     @classmethod
     def from_config(cls, cfg: PolicyConfig, role: str = "policy") -> "Policy":

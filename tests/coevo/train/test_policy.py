@@ -204,12 +204,16 @@ def test_update_changes_weights_and_keeps_reference(tiny) -> None:
     model, tok = tiny
     policy = Policy(_cfg(kl_coef=0.1, ppo_epochs=2), model, tok)
     before, ref_before = _params(policy.model), _params(policy.ref_model)
+    # AdamW's moments exist from the start (the process is its full size before any update), at step 0
+    trainable = [p for p in policy.model.parameters() if p.requires_grad]
+    assert all(float(policy.optimizer.state[p]["step"]) == 0.0 for p in trainable)
     metrics = policy.update(_batch(tok))
     assert not _same(before, _params(policy.model))
     assert _same(ref_before, _params(policy.ref_model))
     for key in ("loss", "pg_loss", "kl", "clip_frac", "grad_norm", "n_seqs", "n_tokens", "time_s"):
         assert key in metrics
     assert metrics["n_seqs"] == 4 and metrics["grad_norm"] > 0 and metrics["kl"] >= 0
+    assert all(float(policy.optimizer.state[p]["step"]) == 2.0 for p in trainable)  # one per ppo epoch
     assert policy.update([TrainSequence([1, 2, 3], [0, 0, 0], 1.0)])["skipped"] is True
 
 

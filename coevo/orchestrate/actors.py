@@ -26,82 +26,23 @@ from coevo.orchestrate.cluster import (  # noqa: F401  init_ray: imported from h
     request_of,
     wait_until_ready,
 )
-from coevo.orchestrate.hostpaths import check_host_paths, for_workers, needs
+from coevo.orchestrate.data_actors import EvidenceWorker, RetrievalWorker
+from coevo.orchestrate.hostpaths import for_workers, needs
 from coevo.orchestrate.policy_actors import (  # noqa: F401  re-exported: tests and tools import them from here
     PolicyWorker,
     RemotePolicy,
     RemoteShardedPolicy,
     ShardedWorker,
-    _limit_threads,
-    call,
     gather,
     rank_names,
-    where,
 )
+from coevo.orchestrate.remote import call, limit_threads, where  # noqa: F401  re-exported
 from coevo.train.policy import Policy
 from coevo.train.sharded import shard_count
 from evidence.build_index import build_command
 from evidence.corpus_store import open_corpus
-from evidence.pipeline import EvidencePipeline
 from evidence.retrieval import build_retriever
 from solver.ranker import ranker_policy_config
-
-
-class RetrievalWorker:
-    """Actor body holding the corpus and the first-stage index."""
-
-    def __init__(self, cfg: CoevoConfig) -> None:
-        check_host_paths("retrieval", needs(cfg, "retrieval"))  # it only runs as an actor
-        _limit_threads(1)
-        self.corpus = open_corpus(cfg.corpus)
-        self.retriever = build_retriever(self.corpus, cfg.retrieval)
-
-    def ready(self) -> dict:
-        return where()
-
-    def info(self) -> dict:
-        return {"corpus": self.corpus.name, "passages": len(self.corpus), "hash": self.corpus.content_hash,
-                "backend": self.retriever.backend, "build_s": self.retriever.build_s,
-                "from_cache": self.retriever.from_cache}
-
-    def search_with_passages(self, queries: list[str], k: int) -> tuple[list[list[Any]], dict[str, Any]]:
-        """Hits per query plus the passages they point to (one round trip per batch)."""
-        hits = self.retriever.search(queries, k)
-        passages = {h.passage_id: self.corpus[h.passage_id] for row in hits for h in row}
-        return hits, passages
-
-
-class EvidenceWorker:
-    """Actor body holding spaCy, the entity index and its own retriever (loaded from cache)."""
-
-    def __init__(self, cfg: CoevoConfig, own_process: bool = True) -> None:
-        if own_process:  # in the driver (`ray.local=true`) the policies need every thread
-            check_host_paths("evidence", needs(cfg, "evidence"))
-            _limit_threads(1)
-        corpus = open_corpus(cfg.corpus)
-        retriever = build_retriever(corpus, cfg.retrieval)
-        self.pipeline = EvidencePipeline.from_config(corpus, retriever, cfg.evidence,
-                                                     max_target_chars=cfg.proposer.max_target_chars)
-
-    def ready(self) -> dict:
-        return where()
-
-    # Verdicts and paths cross the Ray boundary as the dataclasses themselves (Ray pickles
-    # them), so the driver never reads them back by key.
-    def validate_targets(self, targets: list[str], references: list[str]) -> list[Verdict]:
-        return self.pipeline.validate_targets(targets, references)
-
-    def build_paths(self, targets: list[str], seed: int) -> list[list[EvidencePath]]:
-        import random
-
-        return self.pipeline.build_paths(targets, random.Random(seed))
-
-    def direct_paths(self, targets: list[str], support_ids: list[list[str]]) -> list[list[EvidencePath]]:
-        return self.pipeline.direct_paths(targets, support_ids)
-
-    def validate_questions(self, questions: list[str], targets: list[str],
-                           paths: list[EvidencePath]) -> list[Verdict]:
-        return self.pipeline.validate_questions(questions, targets, paths)
 
 
 class RemoteEvidence:
@@ -195,7 +136,7 @@ def _requests(cfg: CoevoConfig, ranker: Optional[PolicyConfig]) -> dict[str, dic
         for name in rank_names(role, ranks) if ranks else [role]:
             out[name] = request_of(p.num_cpus / ranks, 1, p.resources) if ranks else request_of(
                 p.num_cpus, p.num_gpus, p.resources)
-    # One core each: BM25 search and spaCy are single-threaded (_limit_threads(1)).
+    # One core each: BM25 search and spaCy are single-threaded (limit_threads(1)).
     for name in retrieval_names(cfg.retrieval.replicas):
         out[name] = request_of(1, 0, cfg.retrieval.resources)
     out["evidence"] = request_of(1, 0, cfg.evidence.resources)

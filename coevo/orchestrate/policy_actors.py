@@ -13,44 +13,14 @@ import socket
 from typing import Any, Optional
 
 import ray
-from ray.exceptions import RayActorError, RayTaskError
 
 from coevo.core.config import PolicyConfig
 from coevo.core.types import Completion, SamplingParams
-from coevo.orchestrate.cluster import ActorFailure
-from coevo.orchestrate.hostpaths import HostPathError, Need, check_host_paths
+from coevo.orchestrate.hostpaths import Need, check_host_paths
+from coevo.orchestrate.remote import call, limit_threads, where
 from coevo.train.models import resolve_model_path
 from coevo.train.policy import Policy
 from coevo.train.sharded import ShardedPolicy
-
-
-def call(ref: Any, what: str) -> Any:
-    """`ray.get` that turns actor crashes into one clear `ActorFailure`.
-
-    A path an actor's node lacks (`HostPathError`, raised as it starts) is reported by its own
-    message, without Ray's traceback around it.
-    """
-    try:
-        return ray.get(ref)
-    except (RayActorError, RayTaskError) as e:
-        marker = f"{HostPathError.__name__}: "
-        text = str(e)
-        if marker in text:
-            raise ActorFailure(text.split(marker, 1)[1].splitlines()[0]) from e
-        raise ActorFailure(f"{what} failed in its Ray actor: {e}") from e
-
-
-def where() -> dict:
-    """Where this actor runs: the placement record of run.log and config.yaml."""
-    return {"node_id": ray.get_runtime_context().get_node_id(), "host": socket.gethostname(),
-            "ip": ray.util.get_node_ip_address(), "pid": os.getpid()}
-
-
-def _limit_threads(num_cpus: float) -> None:
-    # Each actor gets its share of the cores; torch would otherwise use them all in every actor.
-    import torch
-
-    torch.set_num_threads(max(1, int(num_cpus)))
 
 
 class PolicyWorker:
@@ -60,7 +30,7 @@ class PolicyWorker:
         import torch
 
         check_host_paths(role, list(wanted))  # before anything loads: a missing path names node and key
-        _limit_threads(cfg.num_cpus)
+        limit_threads(cfg.num_cpus)
         torch.manual_seed(seed)
         self.policy = Policy.from_config(cfg, role)
 
@@ -96,7 +66,7 @@ class ShardedWorker:
         import torch
 
         check_host_paths(role, list(wanted))
-        _limit_threads(max(1.0, cfg.num_cpus / world))
+        limit_threads(max(1.0, cfg.num_cpus / world))
         torch.manual_seed(seed)  # the same on every rank: the ranks must start from the same weights
         self.cfg, self.role, self.rank, self.world = cfg, role, rank, world
         self.policy: Optional[ShardedPolicy] = None

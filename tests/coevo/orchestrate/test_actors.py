@@ -32,22 +32,6 @@ def test_frozen_shared_backbone_ranker_does_not_drift(tmp_path):
     assert all(torch.equal(a, b) for a, b in zip(start, ranker.model.parameters()))  # the ranker did not
 
 
-def test_evidence_body_limits_threads_only_in_its_own_process(monkeypatch):
-    monkeypatch.setattr(actors_mod, "open_corpus", lambda corpus_cfg: None)
-    monkeypatch.setattr(actors_mod, "build_retriever", lambda *a, **k: None)
-    monkeypatch.setattr(actors_mod.EvidencePipeline, "from_config", classmethod(lambda cls, *a, **k: "pipeline"))
-    cfg = to_object(compose(["experiment=smoke"]))
-    before = torch.get_num_threads()
-    try:
-        torch.set_num_threads(2)
-        assert actors_mod.EvidenceWorker(cfg, own_process=False).pipeline == "pipeline"
-        assert torch.get_num_threads() == 2  # the driver's policies keep their threads (ray.local=true)
-        actors_mod.EvidenceWorker(cfg)
-        assert torch.get_num_threads() == 1  # an actor takes its one core
-    finally:
-        torch.set_num_threads(before)
-
-
 @pytest.mark.parametrize("n, parts, sizes", [(7, 3, [3, 2, 2]), (6, 3, [2, 2, 2]), (2, 4, [1, 1]), (0, 3, [0]),
                                              (5, 1, [5])])
 def test_split_evenly_hand_computed(n, parts, sizes):

@@ -28,8 +28,25 @@ def _run(run_dir, corpus, *extra, wait=True):
     return proc.stdout
 
 
+def _kill_after(run_dir, corpus, dump: str, *extra) -> int:
+    """Run in the background until `tasks/<dump>` exists, SIGKILL its process group; the last checkpointed step."""
+    proc = _run(run_dir, corpus, *extra, wait=False)
+    deadline = time.time() + 400
+    while time.time() < deadline and not (run_dir / "tasks" / dump).exists() and proc.poll() is None:
+        time.sleep(0.5)
+    os.killpg(proc.pid, signal.SIGKILL)
+    proc.wait()
+    done = latest_checkpoint(run_dir)
+    assert done is not None, "no checkpoint before the kill"
+    return json.loads((done / "state.json").read_text())["step"]
+
+
 @pytest.mark.slow
-def test_smoke_run_then_resume(tmp_path, small_corpus):
+def test_smoke_run_then_sigkill_then_resume(tmp_path, small_corpus):
+    """One run dir through its life: a finished run, a resumed one killed by SIGKILL, a second resume.
+
+    (One test, three runs: each run starts Ray and five actors, most of its time.)
+    """
     run_dir = tmp_path / "run"
     out = _run(run_dir, small_corpus, "run.steps=2")
     assert "[step 2/2]" in out and f"  inspect      python -m coevo.inspect {run_dir}" in out
@@ -51,33 +68,19 @@ def test_smoke_run_then_resume(tmp_path, small_corpus):
 
     assert inspect_main([str(run_dir), "--html", str(tmp_path / "r.html"), "--verdict", "rejected"]) == 0
     assert '<svg class="chart"' in (tmp_path / "r.html").read_text()  # inline charts of the real run
-    out = _run(run_dir, small_corpus, "run.steps=3", "resume=true")
-    assert "resumed from" in out and "[step 3/3]" in out
-    assert [m["step"] for m in read_jsonl(run_dir / "metrics.jsonl")] == [0, 1, 2]
-    state = json.loads((latest_checkpoint(run_dir) / "state.json").read_text())
-    assert state["step"] == 2 and state["cursor"] == 6
 
-
-@pytest.mark.slow
-def test_sigkill_then_resume_keeps_completed_steps(tmp_path, small_corpus):
-    run_dir = tmp_path / "run"
-    proc = _run(run_dir, small_corpus, "run.steps=50", wait=False)
-    deadline = time.time() + 400
-    while time.time() < deadline and not (run_dir / "tasks" / "step_1.jsonl").exists():
-        time.sleep(0.5)
-    os.killpg(proc.pid, signal.SIGKILL)
-    proc.wait()
-    done = latest_checkpoint(run_dir)
-    assert done is not None, "no checkpoint before the kill"
-    last = json.loads((done / "state.json").read_text())["step"]
+    last = _kill_after(run_dir, small_corpus, "step_2.jsonl", "run.steps=50", "resume=true")
+    assert last >= 1
     for f in (run_dir / "tasks").glob("step_*.jsonl"):
         read_jsonl(f)  # never corrupt
     kept = {n: (run_dir / "tasks" / f"step_{n}.jsonl").read_bytes() for n in range(last + 1)}
-    _run(run_dir, small_corpus, f"run.steps={last + 2}", "resume=true")
+    out = _run(run_dir, small_corpus, f"run.steps={last + 2}", "resume=true")
+    assert "resumed from" in out and f"[step {last + 2}/{last + 2}]" in out
     for n, data in kept.items():
         assert (run_dir / "tasks" / f"step_{n}.jsonl").read_bytes() == data  # completed steps untouched
-    steps = [m["step"] for m in read_jsonl(run_dir / "metrics.jsonl")]
-    assert steps == list(range(last + 2))
+    assert [m["step"] for m in read_jsonl(run_dir / "metrics.jsonl")] == list(range(last + 2))
+    state = json.loads((latest_checkpoint(run_dir) / "state.json").read_text())
+    assert state["step"] == last + 1 and state["cursor"] == 2 * (last + 2)  # 2 reference questions a step
 
 
 @pytest.mark.slow

@@ -45,8 +45,8 @@ from coevo.train.memory import (
     rows_at_once,
     sequence_tokens,
 )
-from coevo.train.preflight import PreflightError
-from coevo.train.shapes import ModelShape, adapter_parameters, meta_model, shape_of
+from coevo.train.preflight import PreflightError, check_sources, locate
+from coevo.train.shapes import ModelShape, adapter_parameters, meta_model, public_config, shape_of
 from coevo.train.sharded import shard_count
 
 GB = 1e9
@@ -214,10 +214,17 @@ def plan_roles(cfg: CoevoConfig, with_proposer: bool = True, shapes: Optional[di
 
 
 def _shape_and_model(role: str, policy: PolicyConfig) -> tuple[ModelShape, Any]:
+    if public_config(policy.model) is None:  # (a checkpoint directory is located without the hub)
+        # Not a shipped shape: ask the hub the preflight way (one request, a hard deadline), not
+        # through transformers, which retries an unreachable hub for ~25 s before failing.
+        try:
+            check_sources([locate(role, policy)])
+        except PreflightError as e:
+            raise PlanError(f"the GPU plan cannot read the config of {role}.model={policy.model}: {e}") from e
     try:
         model = meta_model(policy.model, policy.checkpoint)
     except Exception as e:  # noqa: BLE001 - an unknown hub id offline, a missing dir: say which key
-        raise PlanError(f"coevo.plan: cannot read the config of {role}.model={policy.model}: {e}. Known offline: "
+        raise PlanError(f"the GPU plan cannot read the config of {role}.model={policy.model}: {e}. Known offline: "
                         "the shipped presets; else point the key at a local model directory") from e
     return shape_of(model), model
 

@@ -186,7 +186,11 @@ def _ask_hub(sources: list[ModelSource]) -> Optional[str]:
 
 def check_models(cfg: CoevoConfig, with_proposer: bool = True) -> list[ModelSource]:
     """Every loaded role's `ModelSource` (logged to run.log); PreflightError naming each one that cannot be had."""
-    sources = [locate(role, policy) for role, policy in loaded_policies(cfg, with_proposer).items()]
+    return check_sources([locate(role, policy) for role, policy in loaded_policies(cfg, with_proposer).items()])
+
+
+def check_sources(sources: list[ModelSource]) -> list[ModelSource]:
+    """`check_models` for given sources: asks the hub once at most, raises for any that cannot be had."""
     unreachable = _ask_hub(sources) if any(s.kind in ("download", "cached") for s in sources) else None
     for s in sources:
         LOG.info("preflight: %s", s.line())

@@ -179,7 +179,9 @@ def test_plan_command_prints_one_json_line_per_gpu_role_and_exits_by_fit(capsys)
     assert plan_main(["experiment=smoke", "solver.num_gpus=1", "cluster.gpu_memory_gb=0.5"]) == 1
     assert "Skip this check with run.plan_check=false" in capsys.readouterr().err
     assert plan_main(["experiment=smoke", "solver.model=no-such/model-xyz", "solver.num_gpus=1"]) == 2
-    assert "solver.model=no-such/model-xyz" in capsys.readouterr().err
+    err = capsys.readouterr().err
+    # asked the preflight way (one hub request, no retries): its message, with the local-copy override
+    assert "solver.model=no-such/model-xyz" in err and "Use a local copy with solver.model=/local/dir" in err
     assert plan_main(["solver.nmu_gpus=1"]) == 2
 
 

@@ -31,12 +31,10 @@ from coevo.orchestrate.hostpaths import for_workers, needs
 from coevo.orchestrate.policy_actors import (  # noqa: F401  re-exported: tests and tools import them from here
     PolicyWorker,
     RemotePolicy,
-    RemoteShardedPolicy,
-    ShardedWorker,
-    gather,
     rank_names,
 )
 from coevo.orchestrate.remote import call, limit_threads, where  # noqa: F401  re-exported
+from coevo.orchestrate.sharded_actors import RemoteShardedPolicy, ShardedWorker, gather  # noqa: F401  re-exported
 from coevo.train.policy import Policy
 from coevo.train.sharded import shard_count
 from evidence.build_index import build_command

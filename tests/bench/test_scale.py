@@ -1,20 +1,9 @@
 """bench/scale.py at a few hundred passages: the synthetic corpus and the JSON line's keys."""
-import importlib.util
 import json
-from pathlib import Path
-
-BENCH = Path(__file__).resolve().parents[2] / "bench"
 
 
-def _load():
-    spec = importlib.util.spec_from_file_location("bench_scale", BENCH / "scale.py")
-    module = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(module)
-    return module
-
-
-def test_synthetic_corpus_is_seeded_with_unique_ids_and_titles(tmp_path, shared_data):
-    scale = _load()
+def test_synthetic_corpus_is_seeded_with_unique_ids_and_titles(tmp_path, shared_data, bench_script):
+    scale = bench_script("scale")
     a = scale.synthetic_corpus(300, shared_data, tmp_path / "a.jsonl", seed=1)
     b = scale.synthetic_corpus(300, shared_data, tmp_path / "b.jsonl", seed=1)
     assert a.read_bytes() == b.read_bytes()  # the same seed, the same corpus
@@ -25,8 +14,8 @@ def test_synthetic_corpus_is_seeded_with_unique_ids_and_titles(tmp_path, shared_
     assert all(r["title"].rsplit(" (#", 1)[0] in real for r in rows)  # real titles, made unique
 
 
-def test_one_json_line_per_size_with_the_bm25s_measures(tmp_path, shared_data, capsys):
-    scale = _load()
+def test_one_json_line_per_size_with_the_bm25s_measures(tmp_path, shared_data, capsys, bench_script):
+    scale = bench_script("scale")
     scale.main(["--sizes", "200", "--kinds", "bm25s", "--work", str(tmp_path), "--queries", "16",
                 "--data", str(shared_data)])
     line = json.loads(capsys.readouterr().out.strip())

@@ -1,20 +1,10 @@
 """bench/update.py on the tiny random model (CPU, seconds): its JSON line and the planner beside it."""
-import importlib.util
 import json
-from pathlib import Path
-
-BENCH = Path(__file__).resolve().parents[2] / "bench"
 
 
-def _load():
-    spec = importlib.util.spec_from_file_location("bench_update", BENCH / "update.py")
-    module = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(module)
-    return module
-
-
-def test_update_bench_reports_one_update_and_the_planner_terms():
-    result = _load().main(["--model", "tiny-random", "--tokens", "2x48", "--completion", "16", "--device", "cpu"])
+def test_update_bench_reports_one_update_and_the_planner_terms(bench_script):
+    update = bench_script("update")
+    result = update.main(["--model", "tiny-random", "--tokens", "2x48", "--completion", "16", "--device", "cpu"])
     json.dumps(result)  # one JSON line
     assert result["tokens"] == "2x48" and result["update_s"] > 0 and result["tokens_per_s"] > 0
     assert result["trained_params"] == result["params"] == 77440 and result["grad_norm"] > 0

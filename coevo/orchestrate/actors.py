@@ -33,8 +33,8 @@ from coevo.orchestrate.policy_actors import (  # noqa: F401  re-exported: tests 
     RemotePolicy,
     rank_names,
 )
-from coevo.orchestrate.remote import call, limit_threads, where  # noqa: F401  re-exported
-from coevo.orchestrate.sharded_actors import RemoteShardedPolicy, ShardedWorker, gather  # noqa: F401  re-exported
+from coevo.orchestrate.remote import call
+from coevo.orchestrate.sharded_actors import RemoteShardedPolicy
 from coevo.train.policy import Policy
 from coevo.train.sharded import shard_count
 from evidence.build_index import build_command

@@ -3,7 +3,7 @@
 A policy with `num_gpus = n > 1` is n worker actors, one GPU each, sharing one torch.distributed
 process group (coevo/train/sharded.py), behind a proxy with `RemotePolicy`'s interface. Apart from
 coevo/orchestrate/policy_actors.py so that a plain policy actor's process never imports FSDP
-(torch.distributed.fsdp and .checkpoint: ~1.2 s of start-up CPU per actor).
+(torch.distributed.fsdp and .checkpoint: measured ~47 MB of RSS per policy actor).
 """
 from __future__ import annotations
 
@@ -77,7 +77,6 @@ class ShardedWorker:
 
     def load(self, directory: str) -> None:
         self._policy().load(directory)
-
 
 
 def gather(refs: list[Any], what: str) -> list[Any]:

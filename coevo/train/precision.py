@@ -65,8 +65,8 @@ def allocate_optimizer_state(optimizer: torch.optim.Optimizer) -> None:
     Shape: no change to any parameter; state[p] holds what a lazily initialised step would.
     """
     params = [p for group in optimizer.param_groups for p in group["params"]]
-    if not params or all(len(optimizer.state[p]) for p in params):
-        return  # already allocated (e.g. loaded from a checkpoint)
+    if not params or any(len(optimizer.state[p]) for p in params):
+        return  # state exists (e.g. loaded from a checkpoint): a zero-gradient step would decay its moments
     lrs = [group["lr"] for group in optimizer.param_groups]
     try:
         for group in optimizer.param_groups:
@@ -79,8 +79,4 @@ def allocate_optimizer_state(optimizer: torch.optim.Optimizer) -> None:
             group["lr"] = lr
         optimizer.zero_grad(set_to_none=True)
     for p in params:
-        step = optimizer.state[p].get("step")
-        if isinstance(step, torch.Tensor):
-            step.zero_()
-        elif step is not None:
-            optimizer.state[p]["step"] = 0
+        optimizer.state[p]["step"].zero_()  # a tensor in every torch this project supports

@@ -174,7 +174,7 @@ class ShardedPolicy:
             elif bf16_compute(cfg, device):
                 gen = gen.to(torch.bfloat16)
             self.gen_model, engine = gen, build_engine(cfg, gen, tokenizer)
-        self.policy = Policy(cfg, model, tokenizer, role, engine=engine, optimizer_now=False)  # not unsharded
+        self.policy = Policy(cfg, model, tokenizer, role, engine=engine, optimizer_now=False)  # built once sharded
         self.policy.shared_prompt = False  # ranks must run the same forwards (module docstring)
         bf16 = bf16_compute(cfg, device)
         mixed = MixedPrecisionPolicy(param_dtype=torch.bfloat16, reduce_dtype=torch.float32) if bf16 else None

@@ -9,7 +9,10 @@ what gets built is what a run with them would otherwise build inside its actors:
   `retrieval.index_path` file is used as it is);
 - the entity index (evidence/entities.py), annotated in resumable shards of
   `evidence.shard_passages` passages by `evidence.build_workers` processes
-  (evidence/entity_shards.py): a killed build reruns from the shards it finished.
+  (evidence/entity_shards.py): a killed build reruns from the shards it finished. With
+  `evidence.annotation=lazy` (evidence/lazy_entities.py) only a sample of
+  `evidence.stats_sample` passages is annotated here, plus the corpus's title table: runs
+  annotate the passages they reach.
 Progress goes to stderr; the last line on stdout is one JSON object: per index kind its cache
 path, bytes on disk, seconds and whether it was already cached.
 
@@ -31,12 +34,14 @@ from pathlib import Path
 from typing import Any, Optional, Sequence
 
 from coevo.core.cache import is_complete
+from coevo.core.choices import Annotation
 from coevo.core.config import CoevoConfig, compose, to_object
 from coevo.core.console import setup_logging
 from evidence.corpus import PRESETS, Corpus, CorpusDigest, corpus_file, corpus_source, digest_corpus
 from evidence.corpus_store import open_corpus, store_path, stored_meta
 from evidence.entities import entity_cache_path
 from evidence.entity_shards import build_sharded
+from evidence.lazy_entities import build_title_table, sample_corpus, stats_entry_path, title_table_path
 from evidence.retrieval import build_retriever, index_cache_path
 
 PROG = "python -m evidence.build_index"
@@ -95,11 +100,17 @@ def missing_indexes(cfg: CoevoConfig, corpus: Corpus | CorpusDigest, entities: b
         path = index_cache_path(corpus, cfg.retrieval)  # type: ignore[arg-type]  # a digest has what keys need
         if path is not None and not is_complete(path):
             out.append((f"the {cfg.retrieval.backend} retrieval index", path))
-    if entities:
-        path = entity_cache_path(corpus, cfg.evidence.spacy_model)  # type: ignore[arg-type]
-        if not is_complete(path):
-            out.append((f"the entity index ({cfg.evidence.spacy_model})", path))
-    return out
+    if not entities:
+        return out
+    model = cfg.evidence.spacy_model
+    if cfg.evidence.annotation == Annotation.lazy:
+        size = cfg.evidence.stats_sample
+        wanted = [(f"the entity index of a {min(size, len(corpus))}-passage sample ({model}; evidence.annotation="
+                   "lazy)", stats_entry_path(corpus, model, size)),
+                  ("the title table (evidence.annotation=lazy)", title_table_path(corpus))]
+    else:
+        wanted = [(f"the entity index ({model})", entity_cache_path(corpus, model))]  # type: ignore[arg-type]
+    return out + [(what, path) for what, path in wanted if not is_complete(path)]
 
 
 def check_prebuilt(cfg: CoevoConfig, entities: bool = True) -> None:
@@ -157,14 +168,29 @@ def build_retrieval(corpus: Corpus, cfg: CoevoConfig) -> dict[str, Any]:
 
 
 def build_entities(corpus: Corpus, cfg: CoevoConfig) -> dict[str, Any]:
-    """The entity index of `cfg` from resumable shards, and its summary entry."""
+    """The entity index of `cfg` from resumable shards, and its summary entry.
+
+    evidence.annotation=lazy: the entity index of the corpus's sample (the lazy index's statistics)
+    instead of the whole corpus's, and the title table; passages are annotated as runs reach them.
+    """
     t0 = time.perf_counter()
-    stats = build_sharded(corpus, cfg.evidence.spacy_model, shard_passages=cfg.evidence.shard_passages,
-                          workers=cfg.evidence.build_workers)
+    ev = cfg.evidence
+    lazy = ev.annotation == Annotation.lazy
+    target = sample_corpus(corpus, ev.stats_sample) if lazy else corpus
+    entry = stats_entry_path(corpus, ev.spacy_model, ev.stats_sample) if lazy else None
+    stats = build_sharded(target, ev.spacy_model, shard_passages=ev.shard_passages, workers=ev.build_workers,
+                          entry=entry)
     path = Path(stats["path"])
-    return {"kind": "entities", "path": str(path), "bytes": disk_bytes(path),
-            "seconds": round(time.perf_counter() - t0, 3), "cached": not stats["built"], "shards": stats["shards"],
-            "shards_reused": stats["reused"], "shards_annotated": stats["annotated"]}
+    out = {"kind": "entities", "annotation": str(ev.annotation), "passages": len(target), "path": str(path),
+           "bytes": disk_bytes(path), "seconds": round(time.perf_counter() - t0, 3), "cached": not stats["built"],
+           "shards": stats["shards"], "shards_reused": stats["reused"], "shards_annotated": stats["annotated"]}
+    if lazy:
+        t1 = time.perf_counter()
+        cached = is_complete(title_table_path(corpus))
+        titles = build_title_table(corpus)
+        out["titles"] = {"path": str(titles.path), "bytes": disk_bytes(titles.path),
+                         "seconds": round(time.perf_counter() - t1, 3), "cached": cached}
+    return out
 
 
 def build_all(cfg: CoevoConfig) -> dict[str, Any]:

@@ -81,6 +81,10 @@ class Corpus:
         """Position of a passage in corpus order (what retrieval indexes store)."""
         return self._by_id[passage_id]
 
+    def title_at(self, i: int) -> str:
+        """The title of the passage at position `i` (a mapped corpus decodes nothing else)."""
+        return self.passages[i].title
+
     @property
     def content_hash(self) -> str:
         """sha256 over ids, titles and texts: the key of every on-disk cache built from it."""

@@ -49,7 +49,8 @@ STORE_VERSION = 1
 FLUSH_EVERY = 1 << 16  # offsets buffered in memory before they are appended to offsets.i64
 
 
-def _id_hash(passage_id: str) -> int:
+def string_hash(passage_id: str) -> int:
+    """64-bit hash of a string (passage ids here, title keys in evidence/lazy_entities.py), stable across runs."""
     return int.from_bytes(hashlib.blake2b(passage_id.encode("utf-8"), digest_size=8).digest(), "little")
 
 
@@ -79,7 +80,7 @@ def _pack(source: Path, name: str, tmp: Path) -> None:
                     blob.write(data)
                     end += len(data)
                     offsets.append(end)
-                hashes.append(_id_hash(p.id))
+                hashes.append(string_hash(p.id))
                 counted[0] += 1
                 if len(offsets) >= FLUSH_EVERY:
                     offsets.tofile(off)
@@ -196,8 +197,11 @@ class MappedCorpus(Corpus):
         """The passage at position `i` of corpus order."""
         return Passage(self._field(3 * i), self._field(3 * i + 1), self._field(3 * i + 2))
 
+    def title_at(self, i: int) -> str:
+        return self._field(3 * i + 1)
+
     def _find(self, passage_id: str) -> Optional[int]:
-        h = np.uint64(_id_hash(passage_id))
+        h = np.uint64(string_hash(passage_id))
         j = int(np.searchsorted(self._hashes, h, side="left"))
         while j < self._n and self._hashes[j] == h:  # 64-bit collisions: compare the ids themselves
             pos = int(self._pos[j])

@@ -15,7 +15,7 @@ import json
 import re
 import time
 from pathlib import Path
-from typing import Any, Optional
+from typing import Any, Iterable, Optional
 
 import numpy as np
 
@@ -100,6 +100,9 @@ class EntityIndex:
             ann = self._memo[passage_id] = self._decode(self.corpus.index_of(passage_id))
         return ann
 
+    def prepare(self, passage_ids: Iterable[str]) -> None:
+        """Nothing to do: every passage is annotated already (a lazy index annotates them here)."""
+
     def _decode(self, p: int) -> PassageAnnotation:
         passage = self.corpus.passages[p]
         text, vocab, labels = passage.text, self.vocab, self.labels
@@ -152,10 +155,19 @@ class EntityIndex:
         return spacy_ner.extract_mentions(self.nlp(text[:10_000]), title="")
 
 
-def _cache_dir(corpus: Corpus, model: str, version: str, cache_dir: Optional[str]) -> Path:
-    root = Path(cache_dir).expanduser() if cache_dir else cache_root() / "entities"
+def entities_root(cache_dir: Optional[str] = None) -> Path:
+    """Where entity caches live: `cache_dir`, else `$COEVO_CACHE/entities`."""
+    return Path(cache_dir).expanduser() if cache_dir else cache_root() / "entities"
+
+
+def annotator_tag(model: str, version: Optional[str] = None) -> str:
+    """spaCy model, its version and our annotator version: what annotations depend on besides the text."""
     safe_model = re.sub(r"[^\w.-]", "_", model)
-    return root / f"{safe_model}-{version}-{ANNOTATOR_VERSION}-{corpus.content_hash[:16]}"
+    return f"{safe_model}-{version or spacy_ner.model_version(model)}-{ANNOTATOR_VERSION}"
+
+
+def _cache_dir(corpus: Corpus, model: str, version: str, cache_dir: Optional[str]) -> Path:
+    return entities_root(cache_dir) / f"{annotator_tag(model, version)}-{corpus.content_hash[:16]}"
 
 
 def entity_cache_path(corpus: Corpus, spacy_model: Optional[str] = None, cache_dir: Optional[str] = None) -> Path:
@@ -195,16 +207,18 @@ def write_files(directory: Path, arrays: dict[str, np.ndarray], vocab: list[str]
 
 
 def build_entity_index(corpus: Corpus, spacy_model: Optional[str] = None, cache_dir: Optional[str] = None,
-                       n_process: Optional[int] = None, batch_size: int = 64) -> EntityIndex:
+                       n_process: Optional[int] = None, batch_size: int = 64,
+                       entry: Optional[Path] = None) -> EntityIndex:
     """Entity index of `corpus`: loaded from the disk cache, or built with spaCy and cached.
 
     `cache_dir` replaces the cache root (default `$COEVO_CACHE/entities`); `n_process`
     defaults to `spacy_ner.default_processes` (1 on machines with fewer than 4 cores).
     Parallel callers share one build (`coevo.core.cache`); the build shows its progress.
+    `entry` replaces the entry's path (a lazy index's sample: evidence/lazy_entities.py).
     """
     model = spacy_model or DEFAULT_SPACY_MODEL
     t0 = time.perf_counter()
-    path = entity_cache_path(corpus, model, cache_dir)
+    path = entry if entry is not None else entity_cache_path(corpus, model, cache_dir)
     built: list[EntityIndex] = []
 
     def build(tmp: Path) -> None:

@@ -108,15 +108,16 @@ def _parts(dirs: list[Path]) -> Iterator[tuple]:
 
 def build_sharded(corpus: Corpus, spacy_model: Optional[str] = None, cache_dir: Optional[str] = None,
                   shard_passages: int = 10_000, workers: Optional[int] = None, batch_size: int = 64,
-                  on_shard: Optional[ShardHook] = None) -> dict:
+                  on_shard: Optional[ShardHook] = None, entry: Optional[Path] = None) -> dict:
     """Make the entity cache entry of `corpus` from shards; returns what was done.
 
     Keys of the result: `path` (the entry), `built` (False: it was already complete), `shards`,
     `reused` (finished shards a previous build left), `annotated`. `workers` defaults to
-    `spacy_ner.default_processes`; `on_shard(i)` runs after shard i is written (tests stop a build there).
+    `spacy_ner.default_processes`; `on_shard(i)` runs after shard i is written (tests stop a build there);
+    `entry` replaces the entry's path (as in `build_entity_index`).
     """
     model = spacy_model or DEFAULT_SPACY_MODEL
-    entry = entity_cache_path(corpus, model, cache_dir)
+    entry = entry if entry is not None else entity_cache_path(corpus, model, cache_dir)
     root = shard_root(entry)
     ranges = shard_ranges(len(corpus), shard_passages)
     workers = spacy_ner.default_processes(len(corpus)) if workers is None else max(1, workers)

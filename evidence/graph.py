@@ -87,7 +87,7 @@ def lexical_cue(text: str, a: Mention, b: Mention, linkers: Iterable[int] = ()) 
     return CO_MENTION
 
 
-def _scored(passages: Any) -> Iterable[tuple[str, float]]:
+def scored_passages(passages: Any) -> Iterable[tuple[str, float]]:
     """(passage id, score) from ids, Hits, Passages or (id, score) pairs; junk is skipped."""
     if passages is None or isinstance(passages, (str, bytes)):
         passages = [passages] if isinstance(passages, str) else []
@@ -218,7 +218,7 @@ def add_passages(graph: nx.Graph, passages: Any, index: EntityIndex, anchors: It
         if pattern is not None and key not in patterns:
             patterns[key] = pattern
     anchor_list = list(patterns.items())
-    for pid, score in _scored(passages):
+    for pid, score in scored_passages(passages):
         if pid in seen:
             seen[pid] = max(seen[pid], score)
             continue

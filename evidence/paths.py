@@ -20,7 +20,6 @@ from typing import Any, Optional
 import networkx as nx
 
 from coevo.core.types import EvidencePath, Hop
-from evidence.entities import EntityIndex
 from evidence.graph import (
     Support,
     add_passages,
@@ -30,8 +29,10 @@ from evidence.graph import (
     node_label,
     resolve_node,
     same_entity,
+    scored_passages,
     support_score,
 )
+from evidence.lazy_entities import EntityLookup
 from evidence.mentions import TOPIC_PRONOUNS, VALUE_LABELS, is_topic_anaphor, names_title, normalize_entity, title_key
 
 SAMPLE_POOL = 6  # the extra branches are sampled among the next-best SAMPLE_POOL neighbours
@@ -94,7 +95,7 @@ def as_random(rng: Any) -> random.Random:
 class _Expander:
     """Grows one target's local graph by batched retrieval; each entity is searched once."""
 
-    def __init__(self, retriever: Any, index: EntityIndex, k: int, target: str) -> None:
+    def __init__(self, retriever: Any, index: EntityLookup, k: int, target: str) -> None:
         self.graph, self.retriever, self.index, self.k = nx.Graph(), retriever, index, k
         self.anchors = [target]
         self.searched: set[str] = set()
@@ -105,7 +106,10 @@ class _Expander:
         todo = [q for q in dict.fromkeys(queries) if q and q not in self.searched]
         self.searched.update(todo)
         if todo:
-            for hits in self.retriever.search(todo, self.k):
+            results = self.retriever.search(todo, self.k)
+            # One annotation batch per round: a lazy index runs spaCy on the passages first reached here.
+            self.index.prepare([pid for hits in results for pid, _ in scored_passages(hits)])
+            for hits in results:
                 add_passages(self.graph, hits, self.index, self.anchors)
                 self.anchors = []  # registered on the graph once; later calls reuse them
 
@@ -160,7 +164,7 @@ def _to_path(graph: nx.Graph, chain: Chain, target: str) -> EvidencePath:
     return EvidencePath(target=target, hops=tuple(hops))
 
 
-def build_evidence_paths(target: Any, retriever: Any, index: EntityIndex, max_hops: int = 3, branching: int = 2,
+def build_evidence_paths(target: Any, retriever: Any, index: EntityLookup, max_hops: int = 3, branching: int = 2,
                          rng: Any = None, retrieve_k: int = 5) -> list[EvidencePath]:
     """Certified evidence paths ending at `target`: longest first, and among paths of one
     length the greedy branch (best-ranked neighbour at every hop) before sampled ones.

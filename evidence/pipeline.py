@@ -10,10 +10,12 @@ from __future__ import annotations
 
 from typing import Any, Optional, Sequence
 
+from coevo.core.choices import Annotation
 from coevo.core.config import EvidenceConfig
 from coevo.core.types import EvidencePath, Verdict
 from evidence.corpus import Corpus
-from evidence.entities import EntityIndex, build_entity_index
+from evidence.entities import build_entity_index
+from evidence.lazy_entities import EntityLookup, open_lazy_index
 from evidence.paths import as_random, build_evidence_paths, direct_path
 from evidence.validate import check_target_form, support_verdict, validate_question
 
@@ -21,7 +23,7 @@ from evidence.validate import check_target_form, support_verdict, validate_quest
 class EvidencePipeline:
     """Target validation, path building and question validation with one config."""
 
-    def __init__(self, corpus: Corpus, retriever: Any, index: EntityIndex, cfg: Optional[EvidenceConfig] = None,
+    def __init__(self, corpus: Corpus, retriever: Any, index: EntityLookup, cfg: Optional[EvidenceConfig] = None,
                  max_target_chars: int = 80) -> None:
         self.corpus, self.retriever, self.index = corpus, retriever, index
         self.cfg = cfg if cfg is not None else EvidenceConfig()
@@ -30,9 +32,14 @@ class EvidencePipeline:
     @classmethod
     def from_config(cls, corpus: Corpus, retriever: Any, cfg: Optional[EvidenceConfig] = None,
                     max_target_chars: int = 80, cache_dir: Optional[str] = None) -> "EvidencePipeline":
-        """Build (or load from the disk cache) the entity index named by `cfg.spacy_model`."""
+        """Build (or load from the disk cache) the entity index named by `cfg.spacy_model`:
+        eager (every passage annotated) or lazy (`cfg.annotation`, evidence/lazy_entities.py)."""
         cfg = cfg if cfg is not None else EvidenceConfig()
-        index = build_entity_index(corpus, spacy_model=cfg.spacy_model, cache_dir=cache_dir)
+        index: EntityLookup
+        if cfg.annotation == Annotation.lazy:
+            index = open_lazy_index(corpus, cfg.spacy_model, cfg.stats_sample, cache_dir)
+        else:
+            index = build_entity_index(corpus, spacy_model=cfg.spacy_model, cache_dir=cache_dir)
         return cls(corpus, retriever, index, cfg, max_target_chars)
 
     def validate_targets(self, targets: Sequence[Any],

@@ -129,3 +129,10 @@ class Placement(StrEnum):
 
     spread = "spread"  # Ray's SPREAD: across distinct nodes, as evenly as possible
     pack = "pack"  # Ray's PACK: on as few nodes as possible
+
+
+class Annotation(StrEnum):
+    """When the evidence stage runs spaCy over the corpus (evidence/entities.py, evidence/lazy_entities.py)."""
+
+    eager = "eager"  # every passage, before the evidence actor is ready (cached; hours at wiki-18 size)
+    lazy = "lazy"  # a passage the first time retrieval reaches it; records shared on disk by every process

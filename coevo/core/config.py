@@ -18,6 +18,7 @@ from typing import Dict, Optional
 from omegaconf import DictConfig, OmegaConf
 
 from coevo.core.choices import (
+    Annotation,
     DType,
     Engine,
     EvalMode,
@@ -104,6 +105,8 @@ class EvidenceConfig:
     build_in_run_max_passages: int = 50_000  # above this many passages, a missing index stops coevo.run/solve at start
     shard_passages: int = 10_000  # evidence.build_index: passages per entity-annotation shard (what a rerun resumes)
     build_workers: Optional[int] = None  # evidence.build_index: annotation processes (None: 1 per 2 cores, at most 4)
+    annotation: Annotation = Annotation.eager  # eager: spaCy over every passage first; lazy: as retrieval reaches them
+    stats_sample: int = 20_000  # annotation=lazy: passages sampled for hub document frequencies and entity labels
 
 
 @dataclass

@@ -80,7 +80,7 @@ RANGES: dict[str, dict[str, Range]] = {
     },
     "EvidenceConfig": {"max_hops": AT_LEAST_1, "branching": AT_LEAST_1, "retrieve_k": AT_LEAST_1,
                        "max_question_chars": AT_LEAST_1, "build_in_run_max_passages": NON_NEGATIVE,
-                       "shard_passages": AT_LEAST_1, "build_workers": AT_LEAST_1},
+                       "shard_passages": AT_LEAST_1, "build_workers": AT_LEAST_1, "stats_sample": AT_LEAST_1},
     "RetrievalConfig": {
         "encode_batch_size": AT_LEAST_1, "hnsw_m": Range(2), "hnsw_ef_construction": AT_LEAST_1,
         "hnsw_ef_search": AT_LEAST_1, "ivf_nlist": AT_LEAST_1, "ivf_nprobe": AT_LEAST_1, "pq_m": AT_LEAST_1,

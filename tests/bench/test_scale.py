@@ -1,4 +1,4 @@
-"""bench/scale.py at a few hundred passages: the synthetic corpus and the JSON line's keys."""
+"""bench/scale.py at a few hundred passages: the synthetic corpus and the JSON line's keys (lazy paths too)."""
 import json
 
 
@@ -17,7 +17,7 @@ def test_synthetic_corpus_is_seeded_with_unique_ids_and_titles(tmp_path, shared_
 def test_one_json_line_per_size_with_the_bm25s_measures(tmp_path, shared_data, capsys, bench_script):
     scale = bench_script("scale")
     scale.main(["--sizes", "200", "--kinds", "bm25s", "--work", str(tmp_path), "--queries", "16",
-                "--data", str(shared_data)])
+                "--data", str(shared_data), "--stats-sample", "40", "--targets", "3"])
     line = json.loads(capsys.readouterr().out.strip())
     assert line["passages"] == 200 and line["corpus_bytes"] > 0
     bm25s = line["bm25s"]
@@ -25,5 +25,10 @@ def test_one_json_line_per_size_with_the_bm25s_measures(tmp_path, shared_data, c
     assert bm25s["build_s"] > 0 and bm25s["peak_rss_gb"] > 0 and bm25s["index_bytes"] > 0 and bm25s["qps"] > 0
     assert bm25s["latency_ms"]["p50"] <= bm25s["latency_ms"]["p99"]
     assert line["run_start_s"]["retrieval"] == bm25s["run_start_s"] > 0
-    assert line["path_ms"] is None and "lazy annotation is not built" in line["evidence"]["why"]
+    lazy = line["evidence"]["lazy"]
+    assert lazy["build"]["sample_passages"] == 40 and lazy["build"]["titles_bytes"] > 0
+    assert lazy["cold"]["annotated"] > 0 and lazy["cold"]["stored"] == lazy["cold"]["annotated"]
+    assert lazy["store_warm"]["annotated"] == 0  # the second process read every passage from the store
+    assert set(line["path_ms"]) == {"first_touch_p50", "store_warm_p50", "memo_warm_p50"}
+    assert line["run_start_s"]["evidence"] == lazy["cold"]["evidence_ready_s"] > 0
     assert (tmp_path / "cache" / "indexes").is_dir()  # the children's caches stay under --work

@@ -94,6 +94,27 @@ def test_graph_and_index_lookups_total(toy_index, passages, text):
     assert toy_index.document_frequency(text) >= 0 and isinstance(text in toy_index, bool)
 
 
+@pytest.fixture(scope="module")
+def lazy_toy_index(toy_corpus, tmp_path_factory):
+    from evidence.lazy_entities import open_lazy_index
+
+    return open_lazy_index(toy_corpus, stats_sample=6, cache_dir=str(tmp_path_factory.mktemp("lazy")))
+
+
+@pytest.mark.slow
+@FAST
+@given(st.lists(st.one_of(st.sampled_from([f"t{i}" for i in range(12)]), anything), max_size=6), anything)
+def test_lazy_index_lookups_total(lazy_toy_index, passages, text):
+    lazy_toy_index.prepare(passages)
+    graph = build_graph(passages, lazy_toy_index)
+    assert resolve_node(graph, text) is None or resolve_node(graph, text) in graph
+    found = lazy_toy_index.passage_for_title(text)
+    assert found is None or found in lazy_toy_index.corpus
+    assert lazy_toy_index.annotation(text) is None or isinstance(text, str)
+    assert lazy_toy_index.document_frequency(text) >= 0 and isinstance(text in lazy_toy_index, bool)
+    assert lazy_toy_index.entity_label(text) is None or isinstance(lazy_toy_index.entity_label(text), str)
+
+
 @pytest.mark.slow
 @settings(max_examples=8, deadline=None, suppress_health_check=[HealthCheck.too_slow,
                                                                HealthCheck.function_scoped_fixture])

@@ -15,7 +15,9 @@ on each other. Rows are only ever inserted (`INSERT OR IGNORE`: annotation is de
 so a second writer of the same passage has nothing to add); nothing is updated or deleted.
 
 A row that does not decode (a hand edit, another program) is an error naming the file and
-the passage, never silently re-annotated.
+the passage, never silently re-annotated. SQLite's locking is unreliable on network
+filesystems: on a cluster whose `$COEVO_CACHE` is an NFS mount, each node should keep this
+store on local disk (`COEVO_CACHE` per node); the other cache entries are fine shared.
 """
 from __future__ import annotations
 

@@ -82,8 +82,11 @@ def test_no_process_outlives_a_killed_driver(tmp_path, shared_data, small_corpus
     else:
         args += ["corpus=jsonl", f"corpus.path={small_corpus}", "run.steps=1000"]
     log = tmp_path / "driver.log"
+    # A reaper token of this test process (another test may have started one here) is not the run's: the
+    # driver starts without it, as from a shell, so every token its processes carry is the run's own.
+    env = {k: v for k, v in os.environ.items() if k != TOKENS_ENV}
     with open(log, "w") as out:
-        driver = subprocess.Popen([sys.executable, "-m", entry, *args], cwd=ROOT, stdout=out,
+        driver = subprocess.Popen([sys.executable, "-m", entry, *args], cwd=ROOT, stdout=out, env=env,
                                   stderr=subprocess.STDOUT, start_new_session=True)
     tree: dict[int, Proc] = {}
     try:

@@ -48,3 +48,22 @@ def test_evidence_body_limits_threads_only_in_its_own_process(monkeypatch):
         assert torch.get_num_threads() == 1  # an actor takes its one core (torch already loaded: set directly)
     finally:
         torch.set_num_threads(before)
+
+
+def test_evidence_body_with_lazy_annotation_annotates_only_what_its_paths_reach(small_corpus, tmp_path, monkeypatch):
+    # The actor body as a run composes it (Hydra overrides -> the StrEnum -> EvidencePipeline.from_config).
+    from evidence.annotation_store import AnnotationStore
+    from evidence.lazy_entities import LazyEntityIndex
+
+    monkeypatch.setenv("COEVO_CACHE", str(tmp_path / "cache"))
+    cfg = to_object(compose(["experiment=smoke", "corpus=jsonl", f"corpus.path={small_corpus}",
+                             "evidence.annotation=lazy", "evidence.stats_sample=40"]))
+    worker = data_actors.EvidenceWorker(cfg, own_process=False)
+    index = worker.pipeline.index
+    assert isinstance(index, LazyEntityIndex) and len(index.stats.corpus) == 40 and index.annotated == 0
+    verdicts = worker.validate_targets(["Edgar Allan Poe", "Politician"], ["", ""])
+    assert [v.ok for v in verdicts] == [True, True]
+    paths = worker.build_paths(["Edgar Allan Poe", "Journalist", "Actor"], seed=0)
+    assert sum(map(len, paths)) > 0
+    stores = list((tmp_path / "cache" / "entities").glob("lazy-*"))
+    assert len(stores) == 1 and 0 < AnnotationStore(stores[0], {}).count() == index.annotated < 80

@@ -20,7 +20,7 @@ import numpy as np
 
 from coevo.core.cache import cache_entry
 from coevo.core.config import RetrievalConfig
-from coevo.core.progress import track
+from evidence.bm25_shards import build_sharded_bm25s
 from evidence.corpus import Corpus
 from evidence.dense_faiss import DenseFaissRetriever, encode_chunks, index_file, passage_text
 from evidence.hits import Hit, Retriever, index_root, live_queries, minilm_path, top_hits
@@ -53,11 +53,6 @@ def _index_dir(corpus: Corpus, backend: str, cache_dir: Optional[str]) -> Path:
     return index_root(cache_dir) / f"{backend}-{TOKENIZER_VERSION}-{corpus.content_hash[:16]}"
 
 
-def _tokenized(corpus: Corpus, what: str) -> list[list[str]]:
-    """`tokenize` of every passage's title and text, with progress (the slow part of a BM25 build)."""
-    return list(track((tokenize(f"{p.title} {p.text}") for p in corpus), what, len(corpus), "passages"))
-
-
 class BM25sRetriever:
     """bm25s (Lucene BM25, k1=1.5, b=0.75) over `tokenize` tokens."""
 
@@ -70,19 +65,18 @@ class BM25sRetriever:
         self.corpus = corpus
         t0 = time.perf_counter()
         path = self.path = _index_dir(corpus, self.backend, cache_dir)
-        built: list = []
 
         def build(tmp: Path) -> None:
-            model = bm25s.BM25(k1=1.5, b=0.75, method="lucene")
-            model.index(_tokenized(corpus, f"bm25s index of corpus {corpus.name!r}"), show_progress=False)
-            model.save(str(tmp), show_progress=False)
-            built.append(model)
+            # In shards merged on disk (evidence/bm25_shards.py): bm25s's own `index` holds the whole
+            # tokenized corpus in memory (7 GB at 1M passages); a killed build resumes from its shards.
+            build_sharded_bm25s(corpus, tmp, path.with_name(path.name + ".shards"), tokenize,
+                                what=f"bm25s index of corpus {corpus.name!r}")
 
         self.from_cache = not cache_entry(path, build, f"the bm25s index of corpus {corpus.name!r}",
                                           legacy_files=("params.index.json",))
         # Memory-mapped: the index's arrays stay in the page cache, shared by every process on the machine
         # that maps the same files (bm25s's own figure: ~4.4 GB in RAM for 2.7M passages without it).
-        self.model = built[0] if built else bm25s.BM25.load(str(path), mmap=True, show_progress=False)
+        self.model = bm25s.BM25.load(str(path), mmap=True, show_progress=False)
         self.build_s = time.perf_counter() - t0
         self._vocab = self.model.vocab_dict
 

@@ -8,7 +8,8 @@ Corpora are synthetic, built by recombining the sentences of wiki_mini's real pa
 passage takes 2-6 sentences drawn at random and the title of a random real passage made unique
 with its number ("Paris (#123456)"); lengths follow the real passages'. They are written once to
 `<work>/corpus-<n>.jsonl` and reused. Every measurement runs in a fresh child process (this
-script with `--child`), so `peak_rss_gb` is that process's own peak (`wait4`'s ru_maxrss) and
+script with `--child`), so `peak_rss_gb` is that process's own peak (`wait4`'s ru_maxrss, mapped
+files included; `peak_anon_gb`, sampled, is its anonymous memory alone) and
 start-up times are cold-process times (the page cache stays warm, as on a machine that just
 built its indexes). Caches go to `<work>/cache` ($COEVO_CACHE of the children), never ~/.cache.
 
@@ -41,6 +42,7 @@ import random
 import re
 import subprocess
 import sys
+import threading
 import time
 from pathlib import Path
 from typing import Any, Optional
@@ -245,22 +247,46 @@ CHILDREN = {"bm25s-build": lambda a: child_bm25s(a.corpus, "build", a.data, a.qu
 # ---- parent --------------------------------------------------------------------------------------
 
 def run_child(what: str, n: int, corpus: Path, args: argparse.Namespace) -> dict[str, Any]:
-    """One child measurement: its JSON plus `peak_rss_gb` (the child's own peak) and `wall_s`."""
+    """One child measurement: its JSON plus `peak_rss_gb`, `peak_anon_gb` (the child's own peaks) and `wall_s`."""
     cmd = [sys.executable, __file__, "--child", what, "--n", str(n), "--corpus", str(corpus),
            "--data", str(args.data), "--queries", str(args.queries), "--seed", str(args.seed),
            "--stats-sample", str(args.stats_sample), "--targets", str(args.targets)]
     env = {**os.environ, "COEVO_CACHE": str(args.work / "cache"), "TOKENIZERS_PARALLELISM": "false"}
     t0 = time.perf_counter()
     proc = subprocess.Popen(cmd, env=env, stdout=subprocess.PIPE, text=True)
+    anon = [0]
+    sampler = threading.Thread(target=_sample_anon, args=(proc.pid, anon), daemon=True)
+    sampler.start()
     out = proc.stdout.read() if proc.stdout else ""
     _, status, usage = os.wait4(proc.pid, 0)
+    sampler.join()
     proc.returncode = os.waitstatus_to_exitcode(status)
     wall = round(time.perf_counter() - t0, 2)
     print(f"[scale] n={n} {what}: {wall}s, exit {proc.returncode}", file=sys.stderr, flush=True)
     if proc.returncode != 0:
         return {"error": f"exit {proc.returncode}", "wall_s": wall}
     return {**json.loads(out.strip().splitlines()[-1]), "peak_rss_gb": round(usage.ru_maxrss / 1024 ** 2, 3),
-            "wall_s": wall}
+            "peak_anon_gb": round(anon[0] / 1024 ** 2, 3), "wall_s": wall}
+
+
+def _sample_anon(pid: int, peak: list[int]) -> None:
+    """The child's largest RssAnon (kB), sampled every 0.2 s until it exits.
+
+    `peak_rss_gb` (ru_maxrss) also counts pages of mapped files (the corpus store, an index being
+    written), which the kernel can drop under pressure; anonymous memory is what can run a
+    machine out of memory.
+    """
+    status = Path(f"/proc/{pid}/status")
+    while True:
+        try:
+            text = status.read_text()
+        except OSError:
+            return
+        match = re.search(r"^RssAnon:\s+(\d+) kB", text, re.M)
+        if match is None:  # a zombie: exited, not yet reaped
+            return
+        peak[0] = max(peak[0], int(match.group(1)))
+        time.sleep(0.2)
 
 
 def measure_paths(n: int, corpus: Path, args: argparse.Namespace) -> dict[str, Any]:
@@ -292,7 +318,7 @@ def measure(n: int, args: argparse.Namespace) -> dict[str, Any]:
     if "bm25s" in args.kinds:
         built = run_child("bm25s-build", n, corpus, args)
         start = run_child("bm25s-start", n, corpus, args)
-        line["bm25s"] = {"build_s": built.get("build_s"), "peak_rss_gb": built.get("peak_rss_gb"),
+        line["bm25s"] = {**{k: built.get(k) for k in ("build_s", "peak_rss_gb", "peak_anon_gb")},
                          "index_bytes": built.get("index_bytes"), "store_bytes": built.get("store_bytes"),
                          **{k: start.get(k) for k in ("run_start_s", "start_rss_gb", "qps", "latency_ms")},
                          **({"error": built.get("error") or start.get("error")}

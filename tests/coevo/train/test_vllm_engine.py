@@ -267,3 +267,21 @@ def test_installed_vllm_has_what_each_weight_sync_calls() -> None:
 
     assert require_vllm().__version__ == SUPPORTED_VLLM
     assert {mode: missing_apis(mode) for mode in WEIGHT_SYNC_APIS} == {mode: [] for mode in WEIGHT_SYNC_APIS}
+
+
+def test_entry_points_load_no_numba_before_an_engine_starts() -> None:
+    """`coevo.solve rollout=vllm` failed at engine start when a module it imports loaded bm25s at import time.
+
+    `import bm25s` loads numba and llvmlite; a vLLM CPU worker forked from a process that holds
+    llvmlite's library wrapper dies in vLLM's kernel-override scan of sys.modules
+    ("'_lib_fn_wrapper' object has no attribute 'get'"). The entry points build their engines before
+    their retrievers, so bm25s (evidence/retrieval.py, evidence/bm25_shards.py) is imported where it
+    is used. A full one-step vLLM run (about 4.5 min here) is what showed it; this checks the cause.
+    """
+    import subprocess
+
+    code = ("import sys, coevo.solve, coevo.run, coevo.eval; "
+            "print(sorted(m for m in ('bm25s', 'numba', 'llvmlite') if m in sys.modules))")
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True,
+                         cwd=Path(__file__).resolve().parents[3])
+    assert out.stdout.strip().splitlines()[-1] == "[]"

@@ -1,4 +1,5 @@
-"""`retrieval=dense_faiss`: any sentence-transformers encoder over a FAISS index (faiss-cpu).
+"""`retrieval=dense_faiss`: any sentence-transformers encoder over a FAISS index (faiss-cpu), and the
+passage-embeddings store every dense backend reads (`passage_embeddings`).
 
 Config keys (block `retrieval`, coevo/core/config.py):
 - `encoder`: a sentence-transformers directory or hub id; None is the bundled
@@ -18,11 +19,15 @@ Config keys (block `retrieval`, coevo/core/config.py):
   file (a Ray run: the retrieval and evidence actors); at wiki-18 size (e5 Flat: ≈ 65 GB)
   serve it once (`python -m evidence.serve`) and give the run `retrieval=http`.
 
-A built index is a cache entry (coevo/core/cache.py) keyed by the corpus hash, the encoder,
-the passage prefix, normalization and the index's build parameters; search parameters
-(`hnsw_ef_search`, `ivf_nprobe`) apply at load and are not part of the key. Building
-encodes into a memory-mapped file inside the entry's temp dir (deleted before the entry is
-installed), so RAM holds one encoding chunk, not the whole corpus's vectors.
+Passage vectors are one cache entry of their own (`passage_embeddings`), read by this backend
+and by `retrieval=dense_minilm` alike, so a corpus is encoded once per encoder: keyed by the
+corpus hash and `EncoderSpec` (the encoder, its max_seq_length and vector size, the passage
+prefix, normalization); device and batch size change no vector and are not part of the key.
+Encoding writes a memory-mapped .npy in chunks (RAM holds one chunk, not the corpus's
+vectors), and readers map it. A built index is a cache entry keyed additionally by the
+index's build parameters; search parameters (`hnsw_ef_search`, `ivf_nprobe`) apply at load
+and are not part of the key. A built index never reads the embeddings entry again: at wiki-18
+size (as big as a Flat index) it may be deleted by hand when no dense_minilm run needs it.
 """
 from __future__ import annotations
 
@@ -49,10 +54,12 @@ INDEX_FILE = "index.faiss"
 IVF_POINTS_PER_LIST = 39  # FAISS's own minimum of training points per cluster
 TRAIN_POINTS_PER_LIST = 256  # FAISS k-means samples at most this many per cluster anyway
 INDEX_FORMAT = "v1"  # part of the cache key: change it when the build changes what is stored
+EMBEDDINGS_FORMAT = "v1"  # part of the embeddings key: change it when passage_text or the stored layout changes
+EMBEDDINGS_FILE = "embeddings.npy"
 
 
 def passage_text(title: str, text: str) -> str:
-    """What a passage's vector encodes (the same as dense_minilm, so both agree on MiniLM)."""
+    """What a passage's vector encodes (before `retrieval.passage_prefix`), for every dense backend."""
     return f"{title}. {text}"
 
 
@@ -76,19 +83,70 @@ def encode(encoder: Any, texts: list[str], batch_size: int, normalize: bool) -> 
 
 
 def encode_chunks(encoder: Any, texts: list[str], batch_size: int, normalize: bool, what: str,
-                  out: Optional[np.ndarray] = None) -> np.ndarray:
-    """Encode in chunks (progress per chunk) into `out` (e.g. a memmap) or a new array."""
+                  out: np.ndarray) -> None:
+    """Encode into `out` (a memmap: RAM holds one chunk) chunk by chunk, showing progress per chunk."""
     chunk = batch_size * 8  # big enough to keep encode's length sorting useful
-    parts = []
     with Progress(what, len(texts), "passages") as progress:
         for start in range(0, len(texts), chunk):
             vectors = encode(encoder, texts[start:start + chunk], batch_size, normalize)
-            if out is None:
-                parts.append(vectors)
-            else:
-                out[start:start + len(vectors)] = vectors
+            out[start:start + len(vectors)] = vectors
             progress.update(len(vectors))
-    return out if out is not None else np.concatenate(parts)
+
+
+@dataclasses.dataclass(frozen=True)
+class EncoderSpec:
+    """Everything that decides a passage's vector: the key of the embeddings store."""
+
+    encoder: str  # `retrieval.encoder`, or BUNDLED_ENCODER for None (its path differs between installs)
+    max_seq_length: Optional[int]  # longer passages are truncated to this many tokens
+    dim: int
+    passage_prefix: str
+    normalize: bool
+
+    def key(self) -> str:
+        spec = {"format": EMBEDDINGS_FORMAT, **dataclasses.asdict(self)}
+        return hashlib.sha256(json.dumps(spec, sort_keys=True).encode()).hexdigest()[:12]
+
+
+def encoder_spec(encoder: Any, cfg: RetrievalConfig) -> EncoderSpec:
+    """The spec of `encoder` (loaded from `cfg`) as `cfg` uses it on passages."""
+    dim = encode(encoder, ["dimension probe"], 1, cfg.normalize).shape[1]
+    return EncoderSpec(cfg.encoder or BUNDLED_ENCODER, getattr(encoder, "max_seq_length", None), int(dim),
+                       cfg.passage_prefix, bool(cfg.normalize))
+
+
+def probe_spec(cfg: RetrievalConfig) -> EncoderSpec:
+    """`encoder_spec` of cfg's encoder loaded on the CPU: a check before a run must not take a GPU its actors need."""
+    return encoder_spec(load_encoder(dataclasses.replace(cfg, device="cpu")), cfg)
+
+
+def embeddings_path(corpus: Corpus, spec: EncoderSpec, cache_dir: Optional[str]) -> Path:
+    """The embeddings store's cache entry of `corpus` under `spec` (it may not exist)."""
+    return index_root(cache_dir) / f"embeddings-{spec.key()}-{corpus.content_hash[:16]}"
+
+
+def passage_embeddings(corpus: Corpus, encoder: Any, spec: EncoderSpec, batch_size: int,
+                       cache_dir: Optional[str]) -> tuple[np.ndarray, bool]:
+    """(float32 (passages, dim) vectors in corpus order, memory-mapped read-only; whether this call encoded them).
+
+    The one place passages are encoded: built once per corpus and `spec` (`encoder` is the
+    model `spec` describes), then read by every dense backend and process.
+    """
+    entry = embeddings_path(corpus, spec, cache_dir)
+
+    def build(tmp: Path) -> None:
+        vectors = np.lib.format.open_memmap(tmp / EMBEDDINGS_FILE, mode="w+", dtype=np.float32,
+                                            shape=(len(corpus), spec.dim))
+        texts = [spec.passage_prefix + passage_text(p.title, p.text) for p in corpus]
+        encode_chunks(encoder, texts, batch_size, spec.normalize,
+                      f"dense encoding of corpus {corpus.name!r} ({spec.encoder})", vectors)
+        vectors.flush()
+        del vectors
+        (tmp / "meta.json").write_text(json.dumps({"n": len(corpus), **dataclasses.asdict(spec)}))
+
+    built = cache_entry(entry, build, f"the {spec.encoder} passage embeddings of corpus {corpus.name!r}")
+    # Mapped, not read: processes on one machine share the page cache's copy.
+    return np.load(entry / EMBEDDINGS_FILE, mmap_mode="r"), built
 
 
 def factory_string(cfg: RetrievalConfig, n: int, dim: int, corpus_name: str) -> str:
@@ -144,32 +202,29 @@ def apply_search_params(index: Any, cfg: RetrievalConfig) -> None:
         pass
 
 
-def cache_key(cfg: RetrievalConfig, factory_spec: dict[str, Any]) -> str:
-    """Short hash of everything that changes the stored vectors or index structure."""
-    spec = {"format": INDEX_FORMAT, "encoder": cfg.encoder or BUNDLED_ENCODER, "passage_prefix": cfg.passage_prefix,
-            "normalize": bool(cfg.normalize), **factory_spec}
-    return hashlib.sha256(json.dumps(spec, sort_keys=True).encode()).hexdigest()[:12]
+def cache_key(spec: EncoderSpec, factory_spec: dict[str, Any]) -> str:
+    """Short hash of everything that changes the index: the vectors' key and the index's build parameters."""
+    key = {"format": INDEX_FORMAT, "embeddings": spec.key(), **factory_spec}
+    return hashlib.sha256(json.dumps(key, sort_keys=True).encode()).hexdigest()[:12]
 
 
-def entry_path(corpus: Corpus, cfg: RetrievalConfig, dim: int, cache_dir: Optional[str]) -> tuple[Path, str]:
-    """The cache entry of the configured index over `corpus` (vectors of size `dim`), and its factory string."""
-    factory = factory_string(cfg, len(corpus), dim, corpus.name)
-    key = cache_key(cfg, {"factory": factory, "hnsw_ef_construction": cfg.hnsw_ef_construction
-                          if cfg.index_type == "hnsw" else None})
+def entry_path(corpus: Corpus, cfg: RetrievalConfig, spec: EncoderSpec, cache_dir: Optional[str]) -> tuple[Path, str]:
+    """The cache entry of the configured index over `corpus`'s vectors under `spec`, and its factory string."""
+    factory = factory_string(cfg, len(corpus), spec.dim, corpus.name)
+    key = cache_key(spec, {"factory": factory, "hnsw_ef_construction": cfg.hnsw_ef_construction
+                           if cfg.index_type == "hnsw" else None})
     return index_root(cache_dir) / f"dense_faiss-{cfg.index_type}-{key}-{corpus.content_hash[:16]}", factory
 
 
 def index_file(corpus: Corpus, cfg: RetrievalConfig, cache_dir: Optional[str] = None) -> Path:
     """Where the retriever of `cfg` reads its index: `retrieval.index_path`, else its cache entry.
 
-    The entry's key holds the embedding size, so this loads the encoder (on the CPU: a check
-    before a run must not take a GPU the run's actors need) when there is no `index_path`.
+    The entry's key holds the encoder's spec, so this loads the encoder (`probe_spec`) when
+    there is no `index_path`.
     """
     if cfg.index_path:
         return Path(cfg.index_path).expanduser()
-    probe = load_encoder(dataclasses.replace(cfg, device="cpu"))
-    dim = encode(probe, ["dimension probe"], 1, cfg.normalize).shape[1]
-    return entry_path(corpus, cfg, dim, cache_dir if cache_dir is not None else cfg.cache_dir)[0]
+    return entry_path(corpus, cfg, probe_spec(cfg), cache_dir if cache_dir is not None else cfg.cache_dir)[0]
 
 
 class DenseFaissRetriever:
@@ -183,7 +238,8 @@ class DenseFaissRetriever:
         self.cache_dir = cache_dir if cache_dir is not None else cfg.cache_dir
         t0 = time.perf_counter()
         self.encoder = load_encoder(cfg)
-        self.dim = encode(self.encoder, ["dimension probe"], 1, cfg.normalize).shape[1]
+        self.spec = encoder_spec(self.encoder, cfg)
+        self.dim = self.spec.dim
         if cfg.index_path:
             self.path: Path = Path(cfg.index_path).expanduser()
             self.index, self.from_cache = self._load_prebuilt(self.path), True
@@ -215,23 +271,19 @@ class DenseFaissRetriever:
         import faiss
 
         cfg, corpus = self.cfg, self.corpus
-        entry, factory = entry_path(corpus, cfg, self.dim, self.cache_dir)
+        entry, factory = entry_path(corpus, cfg, self.spec, self.cache_dir)
         self.path = entry
         built: list[Any] = []
         what = f"the dense_faiss {cfg.index_type} index of corpus {corpus.name!r}"
 
         def build(tmp: Path) -> None:
-            vectors = np.lib.format.open_memmap(tmp / "vectors.npy", mode="w+", dtype=np.float32,
-                                                shape=(len(corpus), self.dim))
-            texts = [cfg.passage_prefix + passage_text(p.title, p.text) for p in corpus]
-            encode_chunks(self.encoder, texts, cfg.encode_batch_size, cfg.normalize,
-                          f"dense_faiss encoding of corpus {corpus.name!r}", out=vectors)
+            # The shared store: vectors dense_minilm (or another index type) encoded are not encoded again.
+            vectors, _ = passage_embeddings(corpus, self.encoder, self.spec, cfg.encode_batch_size, self.cache_dir)
             index = build_index(vectors, factory, cfg)
-            del vectors
-            (tmp / "vectors.npy").unlink()  # the index holds what search needs
             faiss.write_index(index, str(tmp / INDEX_FILE))
             (tmp / "meta.json").write_text(json.dumps({"n": len(corpus), "dim": self.dim, "factory": factory,
-                                                       "encoder": cfg.encoder or BUNDLED_ENCODER}))
+                                                       "embeddings": self.spec.key(),
+                                                       "encoder": self.spec.encoder}))
             built.append(index)
 
         fresh = cache_entry(entry, build, what)

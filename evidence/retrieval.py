@@ -3,12 +3,13 @@
 `build_retriever(corpus, backend_or_config)` is the one place a backend is chosen; it returns
 an object with `search(queries, k) -> list[list[Hit]]` (best first; `Retriever` in
 evidence/hits.py). Indexes are cached on disk under `$COEVO_CACHE/indexes/<backend>-…-<corpus
-hash>` and reused on the next build. `dense_faiss` lives in evidence/dense_faiss.py, the
+hash>` and reused on the next build; dense_minilm's index is the passage-embeddings entry
+(`embeddings-…-<corpus hash>`) that dense_faiss builds its indexes from, so the two encode a
+corpus once between them. `dense_faiss` and that store live in evidence/dense_faiss.py, the
 client of a running retrieval server (`http`) in evidence/http_retrieval.py.
 """
 from __future__ import annotations
 
-import json
 import logging
 import math
 import re
@@ -19,10 +20,20 @@ from typing import Optional
 import numpy as np
 
 from coevo.core.cache import cache_entry
+from coevo.core.choices import RetrievalBackend
 from coevo.core.config import RetrievalConfig
 from evidence.bm25_shards import build_sharded_bm25s
 from evidence.corpus import Corpus
-from evidence.dense_faiss import DenseFaissRetriever, encode_chunks, index_file, passage_text
+from evidence.dense_faiss import (
+    DenseFaissRetriever,
+    embeddings_path,
+    encode,
+    encoder_spec,
+    index_file,
+    load_encoder,
+    passage_embeddings,
+    probe_spec,
+)
 from evidence.hits import Hit, Retriever, index_root, live_queries, minilm_path, top_hits
 from evidence.http_retrieval import HttpRetriever
 from evidence.mentions import stopwords
@@ -128,43 +139,38 @@ class RankBM25Retriever:
         return out
 
 
+def minilm_config(batch_size: int = 64) -> RetrievalConfig:
+    """dense_minilm's encoder settings: dense_faiss's defaults (bundled MiniLM, unit vectors, no prefix).
+
+    The same embeddings key as a default dense_faiss, so either backend reads the vectors the
+    other encoded. On the CPU, as dense_minilm always ran (a GPU, if any, is the run's).
+    """
+    return RetrievalConfig(backend=RetrievalBackend.dense_minilm, device="cpu", encode_batch_size=batch_size)
+
+
 class DenseMiniLMRetriever:
-    """Cosine similarity over all-MiniLM-L6-v2 embeddings (cached as .npy)."""
+    """Cosine similarity by numpy matmul over all-MiniLM-L6-v2 passage embeddings (the shared store)."""
 
     backend = "dense_minilm"
 
     def __init__(self, corpus: Corpus, cache_dir: Optional[str] = None, batch_size: int = 64) -> None:
-        from sentence_transformers import SentenceTransformer
-
         self.corpus = corpus
+        self.batch_size = batch_size
         t0 = time.perf_counter()
-        self.encoder = SentenceTransformer(str(minilm_path()), device="cpu")
-        path = self.path = _index_dir(corpus, self.backend, cache_dir)
-        built: list[np.ndarray] = []
-
-        def build(tmp: Path) -> None:
-            embeddings = self._encode(corpus, batch_size)
-            np.save(tmp / "embeddings.npy", embeddings)
-            (tmp / "meta.json").write_text(json.dumps({"n": len(corpus), "model": "all-MiniLM-L6-v2"}))
-            built.append(embeddings)
-
-        self.from_cache = not cache_entry(path, build, f"the dense_minilm index of corpus {corpus.name!r}",
-                                          legacy_files=("embeddings.npy",))
-        self.embeddings = built[0] if built else np.load(path / "embeddings.npy")
+        cfg = minilm_config(batch_size)
+        self.encoder = load_encoder(cfg)
+        spec = encoder_spec(self.encoder, cfg)
+        self.path = embeddings_path(corpus, spec, cache_dir)
+        self.embeddings, built = passage_embeddings(corpus, self.encoder, spec, batch_size, cache_dir)
+        self.from_cache = not built
         self.build_s = time.perf_counter() - t0
-
-    def _encode(self, corpus: Corpus, batch_size: int) -> np.ndarray:
-        """Normalized passage embeddings, encoded in chunks so that progress can be shown."""
-        return encode_chunks(self.encoder, [passage_text(p.title, p.text) for p in corpus], batch_size, True,
-                             f"dense_minilm encoding of corpus {corpus.name!r}")
 
     def search(self, queries: list[str], k: int) -> list[list[Hit]]:
         live = live_queries(queries)
         out: list[list[Hit]] = [[] for _ in queries]
         if not live or k <= 0:
             return out
-        q_emb = self.encoder.encode([queries[i] for i in live], normalize_embeddings=True, convert_to_numpy=True,
-                                    show_progress_bar=False)
+        q_emb = encode(self.encoder, [queries[i] for i in live], self.batch_size, True)
         scores = q_emb @ self.embeddings.T
         for row, i in enumerate(live):
             # Cosine can be <= 0 for a real neighbour, so shift to keep every hit (ranking unchanged).
@@ -204,8 +210,10 @@ def index_cache_path(corpus: Corpus, cfg: RetrievalConfig, cache_dir: Optional[s
     reference) and `http` (a server holds the index).
     """
     cache_dir = cache_dir if cache_dir is not None else cfg.cache_dir
-    if cfg.backend in ("bm25s", "dense_minilm"):
-        return _index_dir(corpus, str(cfg.backend), cache_dir)
+    if cfg.backend == "bm25s":
+        return _index_dir(corpus, "bm25s", cache_dir)
+    if cfg.backend == "dense_minilm":  # its index is the shared embeddings entry (the key loads the encoder)
+        return embeddings_path(corpus, probe_spec(minilm_config()), cache_dir)
     if cfg.backend == "dense_faiss":
         return index_file(corpus, cfg, cache_dir)
     return None

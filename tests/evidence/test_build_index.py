@@ -107,7 +107,8 @@ def test_command_line_errors_name_the_key(tmp_path):
 
 
 @pytest.mark.slow
-@pytest.mark.parametrize("overrides", [["retrieval=bm25"], ["retrieval=dense_faiss", "retrieval.index_type=hnsw"]])
+@pytest.mark.parametrize("overrides", [["retrieval=bm25"], ["retrieval=dense_minilm"],
+                                       ["retrieval=dense_faiss", "retrieval.index_type=hnsw"]])
 def test_index_cache_path_is_where_the_retriever_caches(toy_corpus, tmp_path, overrides):
     """The path the run's check looks at, found without building, is the entry the build writes."""
     from coevo.core.cache import is_complete

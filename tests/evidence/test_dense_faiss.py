@@ -3,10 +3,17 @@
 Encoding is the slow part on CPU (≈ 8 wiki_mini passages/s on 2 shared cores), so the
 wiki_mini check runs on a subset (the gold passages of 40 dev questions plus neighbours,
 160 passages) encoded once by dense_minilm; FAISS indexes of other types are built from
-those vectors without encoding again.
+those vectors without encoding again. The embeddings store's tests run on a fake
+sentence-transformers module (hashed bag-of-words vectors, no torch): seconds, not minutes.
 """
+import dataclasses
 import json
 import os
+import re
+import sys
+import types
+import zlib
+from collections import Counter
 from pathlib import Path
 
 import faiss
@@ -16,7 +23,15 @@ import pytest
 from coevo.core.config import RetrievalConfig
 from coevo.core.inputs import load_labelled_questions
 from evidence.corpus import Corpus, load_corpus, shared_data_dir
-from evidence.dense_faiss import build_index, encode, factory_string
+from evidence.dense_faiss import (
+    build_index,
+    embeddings_path,
+    encode,
+    encoder_spec,
+    factory_string,
+    passage_text,
+    probe_spec,
+)
 from evidence.retrieval import build_retriever
 
 QUERIES = ["movie by Stanley Kubrick", "capital of Germany", "river in Hungary", "French city"]
@@ -42,6 +57,73 @@ def recall_at(rows, questions, k=10):
     per_q = [len(set(q.gold_ids) & {h.passage_id for h in row[:k]}) / len(q.gold_ids)
              for row, q in zip(rows, questions)]
     return sum(per_q) / len(per_q)
+
+
+@pytest.fixture()
+def fake_encoder(monkeypatch):
+    """A fake `sentence_transformers` module for the test; returns every text its encoders were given."""
+    encoded: list[str] = []
+
+    class FakeSentenceTransformer:
+        max_seq_length = 128
+
+        def __init__(self, source, device=None):
+            self.source = source
+
+        def encode(self, texts, batch_size=32, normalize_embeddings=False, convert_to_numpy=True,
+                   show_progress_bar=False):
+            encoded.extend(texts)
+            out = np.zeros((len(texts), 64), dtype=np.float32)
+            for row, text in enumerate(texts):
+                for word in re.findall(r"\w+", text.lower()):
+                    out[row, zlib.crc32(word.encode()) % 64] += 1.0
+            if normalize_embeddings:
+                out /= np.maximum(np.linalg.norm(out, axis=1, keepdims=True), 1e-9)
+            return out
+
+    module = types.ModuleType("sentence_transformers")
+    module.SentenceTransformer = FakeSentenceTransformer
+    monkeypatch.setitem(sys.modules, "sentence_transformers", module)
+    return encoded
+
+
+@pytest.mark.parametrize("minilm_first", [True, False])
+def test_dense_minilm_and_dense_faiss_encode_a_corpus_once(toy, tmp_path, fake_encoder, minilm_first):
+    faiss_cfg = RetrievalConfig(backend="dense_faiss", cache_dir=str(tmp_path), device="cpu")
+    if minilm_first:
+        minilm = build_retriever(toy, "dense_minilm", cache_dir=str(tmp_path))
+        flat = build_retriever(toy, faiss_cfg)
+    else:
+        flat = build_retriever(toy, faiss_cfg)
+        minilm = build_retriever(toy, "dense_minilm", cache_dir=str(tmp_path))
+    hnsw = build_retriever(toy, dataclasses.replace(faiss_cfg, index_type="hnsw", hnsw_m=4))
+    texts = [passage_text(p.title, p.text) for p in toy]
+    assert [Counter(fake_encoder)[t] for t in texts] == [1] * len(toy)  # three indexes, one encoding
+    assert minilm.from_cache == (not minilm_first) and not flat.from_cache and not hnsw.from_cache
+    assert minilm.path.name.startswith("embeddings-") and isinstance(minilm.embeddings, np.memmap)
+    entries = sorted(e.name.split("-")[0] for e in tmp_path.iterdir() if not e.name.startswith("."))
+    assert entries == ["dense_faiss", "dense_faiss", "embeddings"]
+    a, b = flat.search(QUERIES, 6), minilm.search(QUERIES, 6)
+    assert ids(a) == ids(b) and a[0][0].passage_id == "d5"
+    assert np.allclose([h.score for row in a for h in row], [h.score for row in b for h in row], atol=1e-5)
+    build_retriever(toy, dataclasses.replace(faiss_cfg, encoder="another/encoder"))
+    assert [Counter(fake_encoder)[t] for t in texts] == [2] * len(toy)  # another encoder: its own vectors
+
+
+def test_embeddings_key_names_encoder_corpus_and_what_changes_vectors(toy, corpus_from_rows, tmp_path, fake_encoder):
+    cfg = RetrievalConfig(backend="dense_faiss")
+    spec = probe_spec(cfg)
+    path = embeddings_path(toy, spec, str(tmp_path))
+    assert path.parent == tmp_path and path == embeddings_path(toy, probe_spec(cfg), str(tmp_path))
+    changed = [dataclasses.replace(cfg, encoder="intfloat/e5-base-v2"), dataclasses.replace(cfg, normalize=False),
+               dataclasses.replace(cfg, passage_prefix="passage: ")]
+    keys = {spec.key(), *(probe_spec(c).key() for c in changed), dataclasses.replace(spec, max_seq_length=256).key()}
+    assert len(keys) == 5
+    # device, batch size, query prefix and the index's parameters change no passage vector
+    same = dataclasses.replace(cfg, device="cuda", encode_batch_size=8, query_prefix="query: ", index_type="hnsw")
+    assert encoder_spec(sys.modules["sentence_transformers"].SentenceTransformer("x"), same) == spec
+    other_corpus = corpus_from_rows([("Paris", "Paris is the capital of France.")], name="toy")
+    assert embeddings_path(other_corpus, spec, str(tmp_path)) != path
 
 
 def test_factory_strings_and_their_errors():

@@ -88,18 +88,21 @@ def _checkpoint_problems(run_dir: Path) -> tuple[list[str], set[int]]:
     return corrupt, good
 
 
-def check_run_dir(run_dir: Path, steps: int, tensorboard: bool) -> dict[str, list]:
-    """Problems of a run dir whose run of `steps` steps has ended: lost steps, corrupt files, duplicates."""
+def check_run_dir(run_dir: Path, steps: int, tensorboard: bool, dumps: bool = True) -> dict[str, list]:
+    """Problems of a run dir whose run of `steps` steps has ended: lost steps, corrupt files, duplicates.
+
+    dumps: whether the run writes a task dump per step (coevo.run does, coevo.solve does not).
+    """
     run_dir = Path(run_dir)
     corrupt, have = _checkpoint_problems(run_dir)
     metrics = run_dir / "metrics.jsonl"
     records, why = parse_jsonl(metrics, need_step=True) if metrics.is_file() else ([], None)
     corrupt += [why] if why else []
     logged = Counter(r["step"] for r in records)
-    dumps = set()
+    dumped = set()
     for path in sorted((run_dir / "tasks").glob("*.jsonl")):
         if (n := step_of(path.name, ".jsonl")) is not None:
-            dumps.add(n)
+            dumped.add(n)
             corrupt += [f"tasks/{w}"] if (w := parse_jsonl(path)[1]) else []
     duplicates = {n for n, c in logged.items() if c > 1}
     tb_steps: Optional[set[int]] = None
@@ -111,7 +114,7 @@ def check_run_dir(run_dir: Path, steps: int, tensorboard: bool) -> dict[str, lis
         tb_steps = {step for _, step in points}
     lost = []
     for n in range(steps):
-        missing = [what for what, present in (("dump", n in dumps), ("metrics", n in logged),
+        missing = [what for what, present in (("dump", not dumps or n in dumped), ("metrics", n in logged),
                                               ("tensorboard", tb_steps is None or n in tb_steps),
                                               ("checkpoint", n != steps - 1 or n in have)) if not present]
         lost += [{"step": n, "missing": missing}] if missing else []

@@ -23,9 +23,11 @@ from omegaconf import DictConfig
 from coevo.core.cli import hydra_entry
 from coevo.core.config import CoevoConfig, register_schema, to_object
 from coevo.core.console import say, setup_logging
+from coevo.core.events import READY, STEP, emit
 from coevo.core.inputs import load_reference_questions
-from coevo.core.lifetime import ensure_reaper, uninterrupted
+from coevo.core.lifetime import ensure_reaper
 from coevo.core.progress import StepBar
+from coevo.core.stopping import uninterrupted
 from coevo.orchestrate.actors import create_actors, create_local_actors
 from coevo.orchestrate.cluster import record_placement
 from coevo.orchestrate.loop import coevolution_step, step_seed
@@ -63,6 +65,8 @@ def train(cfg: CoevoConfig, dcfg: DictConfig) -> Path:
             start, cursor = restore(ckpt, run_dir, actors)
             LOG.info("actors ready in %.1fs; %d reference questions; steps %d..%d; run dir %s",
                      time.perf_counter() - t0, len(questions), start, cfg.run.steps - 1, run_dir)
+            emit(run_dir, READY, start=start, last=cfg.run.steps - 1,
+                 actors={name: p["pid"] for name, p in actors.placement.items()})
             _loop(cfg, run_dir, actors, questions, metrics, start, cursor)
         finally:
             metrics.close()
@@ -81,6 +85,7 @@ def _loop(cfg: CoevoConfig, run_dir: Path, actors, questions: list[str], metrics
                 metrics.log(step, m)
                 if checkpoint_due(step, cfg.run.steps, cfg.run.save_every):
                     save_step(run_dir, step, cursor, actors)
+                emit(run_dir, STEP, step=step)
             bar.step(step, step_headline(m), time.perf_counter() - t0)
 
 

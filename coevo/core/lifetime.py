@@ -11,6 +11,9 @@ small watcher process (the *reaper*) for the calling process (the *owner*):
   died first (a Ray worker's engines), already reparented to pid 1;
 - when the owner is gone (the reaper is its child, so its parent pid changes; the pipe only
   the owner holds closes and wakes it at once) it SIGKILLs both sets and their descendants,
+  at once after a kill; after a normal exit (the owner writes `CLEAN_EXIT` into the pipe at
+  exit) only what is still alive `SHUTDOWN_GRACE_S` later, since Ray's workers end by
+  themselves, a moment after `ray.shutdown()` returns, and are no orphans;
   deletes the paths registered with `remove_on_exit` (the engines' tmpfs staging directories),
   and exits. multiprocessing's resource tracker and nested reapers (a Ray actor's) are spared
   for `LINGER_GRACE_S`: they exit by themselves once the others are gone, after unlinking the
@@ -27,15 +30,13 @@ starts): it must be set inside each child, and vLLM's spawned EngineCore and Wor
 code of ours first; it fires when the forking *thread* ends, not the process; and it reaches
 only direct children, while the driver's engines in Ray mode are its great-grandchildren.
 
-Ctrl-C and SIGTERM stop a run cleanly (`stop_on_signals`): the signal raises `Stopped` in the
-main thread, which unwinds the run (temp files of writes in progress are deleted), except
-inside an `uninterrupted` block (a step's outputs and checkpoint), which completes first. A
-second signal ends the process at once; either way the reaper stops every process it started.
+Stopping cleanly on Ctrl-C or SIGTERM is coevo/core/stopping.py's.
 
     python -m coevo.core.lifetime OWNER_PID TOKEN   # the reaper itself (started by ensure_reaper)
 """
 from __future__ import annotations
 
+import atexit
 import os
 import select
 import shutil
@@ -47,15 +48,16 @@ import threading
 import time
 import uuid
 from collections import Counter
-from contextlib import contextmanager
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Iterable, Iterator, Optional
+from typing import Iterable, Optional
 
 TOKENS_ENV = "COEVO_REAPER_TOKENS"  # ":"-separated tokens of every reaper whose owner started this process
 POLL_S = 1.0  # how often the reaper records the owner's descendants (a /proc scan: ~3 ms for 80 processes)
 LINGER_GRACE_S = 5.0  # how long the resource tracker and nested reapers may outlive the others
 KILL_ROUNDS = 40  # sweeps after the owner died (0.1 s apart): children forked meanwhile are caught too
+SHUTDOWN_GRACE_S = 10.0  # after a normal exit, how long what the owner started may take to end by itself
+CLEAN_EXIT = b"clean exit\n"  # what the owner writes into the reaper's pipe as it exits normally
 _REAPER_MODULE = "coevo.core.lifetime"
 # Command lines (NUL-separated arguments) of the processes `reap` lets linger a while.
 _LINGERING = (b"\0-c\0from multiprocessing.resource_tracker import main", f"\0-m\0{_REAPER_MODULE}\0".encode())
@@ -162,15 +164,17 @@ def remove_on_exit(path: str | os.PathLike) -> None:
             pass
 
 
-def watch(owner: int, wakeup: Optional[int], poll_s: float = POLL_S) -> dict[int, Proc]:
-    """Record the owner's descendants until the owner is gone.
+def watch(owner: int, wakeup: Optional[int], poll_s: float = POLL_S) -> tuple[dict[int, Proc], bool]:
+    """Record the owner's descendants until the owner is gone; also whether it said it exits normally.
 
     The reaper is the owner's child: its parent pid changes the moment the owner exits, and
     the `wakeup` pipe (our stdin, whose other end only the owner holds) closes then too,
-    which ends the wait without a poll delay.
+    which ends the wait without a poll delay. What the owner wrote into it (`CLEAN_EXIT`)
+    stays readable after it closed.
     """
     me = os.getpid()
     tracked: dict[int, Proc] = {}
+    said = b""
     while os.getppid() == owner:
         table = process_table()
         # Kept after they leave the owner's tree (reparented when their parent died) while alive.
@@ -178,9 +182,27 @@ def watch(owner: int, wakeup: Optional[int], poll_s: float = POLL_S) -> dict[int
         tracked.update({pid: table[pid] for pid in descendants(table, [owner]) - {me}})
         if wakeup is None:
             time.sleep(poll_s)
-        elif select.select([wakeup], [], [], poll_s)[0] and not os.read(wakeup, 4096):
-            wakeup = None  # closed: from now on only the parent pid tells
-    return tracked
+        elif select.select([wakeup], [], [], poll_s)[0]:
+            said += (data := os.read(wakeup, 4096))
+            wakeup = wakeup if data else None  # closed: from now on only the parent pid tells
+    while wakeup is not None and select.select([wakeup], [], [], 0)[0] and (data := os.read(wakeup, 4096)):
+        said += data
+    return tracked, CLEAN_EXIT in said
+
+
+def _left(token: str, tracked: dict[int, Proc]) -> set[int]:
+    """Pids of what the owner left that does not end by itself (`_lingers` excluded): tracked or token carriers."""
+    table = process_table()
+    roots = {pid for pid, p in tracked.items() if pid in table and table[pid].start == p.start}
+    roots |= {pid for pid in table if carries_token(pid, token)}
+    return {pid for pid in (roots | descendants(table, roots)) - {os.getpid()} if not _lingers(pid)}
+
+
+def await_shutdown(token: str, tracked: dict[int, Proc], grace_s: float = SHUTDOWN_GRACE_S) -> None:
+    """Wait until what a normally exiting owner left has ended by itself, or `grace_s` passed."""
+    deadline = time.monotonic() + grace_s
+    while _left(token, tracked) and time.monotonic() < deadline:
+        time.sleep(0.1)
 
 
 def _lingers(pid: int) -> bool:
@@ -232,7 +254,10 @@ def main(argv: list[str]) -> int:
     owner, token = int(argv[0]), argv[1]
     for sig in (signal.SIGINT, signal.SIGHUP):  # outlive the terminal the run was started from
         signal.signal(sig, signal.SIG_IGN)
-    killed = reap(token, watch(owner, sys.stdin.fileno()))
+    tracked, clean = watch(owner, sys.stdin.fileno())
+    if clean:
+        await_shutdown(token, tracked)
+    killed = reap(token, tracked)
     remove_registered(token)
     if killed:
         names = ", ".join(f"{n} {name}" for name, n in sorted(Counter(killed.values()).items()))
@@ -269,7 +294,20 @@ def ensure_reaper() -> Optional[Reaper]:
     with _START_LOCK:
         if _REAPER is None or _REAPER.owner != os.getpid() or _REAPER.process.poll() is not None:
             _REAPER = _start_reaper()
+            # atexit runs its handlers last in, first out: this one after ray.init's ray.shutdown (registered later).
+            atexit.register(_tell_clean_exit, _REAPER)
         return _REAPER
+
+
+def _tell_clean_exit(reaper: Reaper) -> None:
+    """At a normal exit (atexit: never after a kill), tell the reaper (`CLEAN_EXIT`, see `watch`)."""
+    if reaper.owner != os.getpid():  # a forked child inherited the handler; its reaper is its own
+        return
+    try:
+        reaper.process.stdin.write(CLEAN_EXIT)
+        reaper.process.stdin.flush()
+    except (OSError, ValueError):  # the reaper is gone, or the pipe already closed
+        pass
 
 
 def reap_with_owner(*paths: str | os.PathLike) -> None:
@@ -289,81 +327,6 @@ def _start_reaper() -> Reaper:
                                stdin=subprocess.PIPE, stdout=subprocess.DEVNULL, env=env,
                                start_new_session=True)
     return Reaper(process, token, os.getpid())
-
-
-
-# ---- stopping on Ctrl-C or SIGTERM ---------------------------------------------------------------
-
-STOP_SIGNALS = (signal.SIGINT, signal.SIGTERM)
-
-
-class Stopped(BaseException):
-    """SIGINT or SIGTERM arrived: unwinds the run like KeyboardInterrupt (`except Exception` lets it pass)."""
-
-    def __init__(self, signum: int) -> None:
-        super().__init__(signal.Signals(signum).name)
-        self.signum = signum
-
-    @property
-    def exit_code(self) -> int:
-        return 128 + self.signum  # the shell's convention for "ended by signal n"
-
-
-_stopping = False  # inside `stop_on_signals`
-_critical = 0  # depth of nested `uninterrupted` blocks
-_pending: Optional[int] = None  # a signal that arrived inside one
-
-
-def _on_stop_signal(signum: int, frame: object) -> None:
-    global _pending
-    for sig in STOP_SIGNALS:  # a second signal ends the process at once; the reaper still stops its children
-        signal.signal(sig, signal.SIG_DFL)
-    if _critical:
-        _pending = signum
-        os.write(2, f"coevo: {signal.Signals(signum).name} received; stopping once the write in progress is "
-                    "complete (send it again to stop at once)\n".encode())
-        return
-    raise Stopped(signum)
-
-
-def install_stop_handlers() -> None:
-    """Inside `stop_on_signals`, (re)install its handlers: call it after a library replaced them
-    (`ray.init` installs a SIGTERM handler that aborts the process)."""
-    if _stopping and threading.current_thread() is threading.main_thread():
-        for sig in STOP_SIGNALS:
-            signal.signal(sig, _on_stop_signal)
-
-
-@contextmanager
-def stop_on_signals() -> Iterator[None]:
-    """Within the block, SIGINT and SIGTERM raise `Stopped` in the main thread, at once or, inside an
-    `uninterrupted` block, when it ends. Unwinding runs every `finally` and `except BaseException`
-    (atomic writes delete their temp files); the reaper then stops what the run started."""
-    global _stopping, _pending
-    previous = {sig: signal.getsignal(sig) for sig in STOP_SIGNALS}
-    _stopping, _pending = True, None
-    install_stop_handlers()
-    try:
-        yield
-    finally:
-        _stopping = False
-        for sig, handler in previous.items():
-            signal.signal(sig, handler)
-
-
-@contextmanager
-def uninterrupted() -> Iterator[None]:
-    """A stop signal that arrives inside the block takes effect when the block ends, so that
-    what the block writes (a step's dump, metrics line and checkpoint) is written whole."""
-    global _critical, _pending
-    _critical += 1
-    try:
-        yield
-    finally:
-        _critical -= 1
-    if _critical == 0 and _pending is not None:
-        signum, _pending = _pending, None
-        raise Stopped(signum)
 
 
 if __name__ == "__main__":

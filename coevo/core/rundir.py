@@ -42,8 +42,8 @@ LOG_NAME = "run.log"
 VLLM_LOGGING_NAME = ".vllm-logging.json"
 # What runs write into run.dir (coevo.run and coevo.solve), temp files of interrupted writes included
 # (atomic_write_text's `.<name>.*.tmp`, the `.tmp-tensorboard-*` dir of a TensorBoard rebuild).
-RUN_OUTPUTS = (LOCK_NAME, CONFIG_NAME, "metrics.jsonl", "tasks", "checkpoints", "tensorboard", ".hydra", "*.log",
-               ".*.tmp", ".tmp-tensorboard-*")
+RUN_OUTPUTS = (LOCK_NAME, CONFIG_NAME, "metrics.jsonl", "events.jsonl", "tasks", "checkpoints", "tensorboard",
+               ".hydra", "*.log", ".*.tmp", ".tmp-tensorboard-*")
 # Keys that do not change what a run computes: its length, place, hardware, engine and labels.
 NOT_EXPERIMENT = ("run.steps", "run.dir", "run.save_every", "run.memory_check", "run.overwrite", "resume", "dry_run",
                   "experiment_name", "log.*", "ray.*", "rollout.*", "retrieval.cache_dir", "retrieval.replicas",

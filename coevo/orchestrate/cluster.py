@@ -25,7 +25,7 @@ import yaml
 from coevo.core.config import CoevoConfig, RayConfig
 from coevo.core.console import WORKER_SETUP_HOOK, route_library_loggers, say, worker_env
 from coevo.core.io import atomic_write_text
-from coevo.core.lifetime import install_stop_handlers
+from coevo.core.stopping import install_stop_handlers
 from coevo.orchestrate.hostpaths import worker_path_env
 
 LOG = logging.getLogger(__name__)

@@ -21,7 +21,6 @@ from omegaconf import DictConfig, OmegaConf
 from coevo.core.config import CoevoConfig
 from coevo.core.console import report_error, say, setup_logging
 from coevo.core.io import step_of
-from coevo.core.lifetime import Stopped, stop_on_signals
 from coevo.core.rundir import (
     CONFIG_NAME,
     RunDirError,
@@ -31,6 +30,7 @@ from coevo.core.rundir import (
     hydra_entries,
     remove_temp_files,
 )
+from coevo.core.stopping import Stopped, stop_on_signals
 from coevo.orchestrate.actors import ActorFailure
 from coevo.orchestrate.outputs import MetricsLog, drop_dumps_after, start_line, write_config
 from coevo.train.checkpoint import (

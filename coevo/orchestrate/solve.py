@@ -30,11 +30,12 @@ import torch
 from omegaconf import DictConfig
 
 from coevo.core.config import SolveRootConfig, to_object
+from coevo.core.events import READY, STEP, emit
 from coevo.core.inputs import load_labelled_questions
-from coevo.core.lifetime import uninterrupted
 from coevo.core.progress import StepBar
 from coevo.core.scoring import exact_match, f1
 from coevo.core.stats import mean
+from coevo.core.stopping import uninterrupted
 from coevo.orchestrate.actors import create_local_actors
 from coevo.orchestrate.loop import StageTimer, apply_updates, role_batches, solve_tasks, step_seed
 from coevo.orchestrate.outputs import MetricsLog, step_headline
@@ -150,6 +151,7 @@ def run_solve(cfg: SolveRootConfig, dcfg: DictConfig) -> list[dict[str, Any]]:
             start, cursor = restore(ckpt, run_dir, actors)
             LOG.info("actors ready in %.1fs; %d questions; steps %d..%d; run dir %s",
                      time.perf_counter() - t0, len(tasks), start, cfg.solve.steps - 1, run_dir)
+            emit(run_dir, READY, start=start, last=cfg.solve.steps - 1)
             return _solve_steps(cfg, actors, tasks, metrics, start, cursor)
         finally:
             metrics.close()
@@ -169,6 +171,7 @@ def _solve_steps(cfg: SolveRootConfig, actors: Any, tasks: list[Task], metrics: 
                 metrics.log(step, m)  # first: bench/memory.py reads metrics.jsonl when the step's line appears
                 if checkpoint_due(step, cfg.solve.steps, cfg.run.save_every):
                     save_step(Path(cfg.run.dir), step, cursor, actors)
+                emit(cfg.run.dir, STEP, step=step)
             history.append({"step": step, **m})
             bar.step(step, step_headline(history[-1]), time.perf_counter() - t0)
     return history

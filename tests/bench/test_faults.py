@@ -32,7 +32,12 @@ def check():
 
 
 @pytest.fixture(scope="module")
-def faults(check):
+def procs():
+    return _load("faults_procs")
+
+
+@pytest.fixture(scope="module")
+def faults(check, procs):
     return _load("faults")
 
 
@@ -147,32 +152,68 @@ def test_kill_plans_follow_the_seed_and_the_save_share(faults) -> None:
     plans = faults.draw_plans(7, runs=20, kills=2, save_share=0.25)
     assert plans == faults.draw_plans(7, runs=20, kills=2, save_share=0.25) != faults.draw_plans(8, 20, 2, 0.25)
     assert [len(p) for p in plans] == [2] * 20
-    assert all(0 <= k.u < 1 and 0 <= k.jitter_s <= 0.05 for p in plans for k in p)
+    assert all(0 <= k.u < 1 and 0 <= k.jitter_s <= 0.05 and 0 <= k.pick < 1 for p in plans for k in p)
     assert {k.kind for p in faults.draw_plans(1, 10, 1, 0.0) for k in p} == {"time"}
     assert {k.kind for p in faults.draw_plans(1, 10, 1, 1.0) for k in p} == {"save"}
 
 
-def test_names_run_dir_matches_the_dir_and_paths_under_it_only(faults) -> None:
+def test_names_run_dir_matches_the_dir_and_paths_under_it_only(procs) -> None:
     run = Path("/w/run_1")
-    assert faults.names_run_dir(b"python\0-m\0coevo.run\0run.dir=/w/run_1\0seed=1\0", run)
-    assert faults.names_run_dir(b"tail\0/w/run_1/metrics.jsonl\0", run)
-    assert faults.names_run_dir(b"ls\0/w/run_1\0", run)
-    assert not faults.names_run_dir(b"python\0-m\0coevo.run\0run.dir=/w/run_10\0", run)
-    assert not faults.names_run_dir(b"ls\0/w/run_1x/a\0", run)
+    assert procs.names_run_dir(b"python\0-m\0coevo.run\0run.dir=/w/run_1\0seed=1\0", run)
+    assert procs.names_run_dir(b"tail\0/w/run_1/metrics.jsonl\0", run)
+    assert procs.names_run_dir(b"ls\0/w/run_1\0", run)
+    assert not procs.names_run_dir(b"python\0-m\0coevo.run\0run.dir=/w/run_10\0", run)
+    assert not procs.names_run_dir(b"ls\0/w/run_1x/a\0", run)
+
+
+def test_each_mode_runs_its_entry_point_and_only_ray_mode_may_kill_an_actor(faults) -> None:
+    run = Path("/w/run_3")
+    local, ray, solve = (faults.run_command(m, run, 4, 3, ["x=1"], resume=True) for m in faults.MODES)
+    assert local[1:3] == ray[1:3] == ["-m", "coevo.run"] and solve[1:3] == ["-m", "coevo.solve"]
+    assert "ray.local=true" in local and "ray.local=true" not in ray and "rollout=vllm" in solve
+    assert all({"resume=true", "run.dir=/w/run_3", "seed=3"} <= set(c) and c[-1] == "x=1" for c in (local, ray, solve))
+    assert "run.steps=4" in ray and "solve.steps=4" in solve
+    with pytest.raises(SystemExit):
+        faults.parse_args(["--mode", "local", "--target", "actor"])
+    assert faults.parse_args(["--mode", "ray", "--target", "actor", "--", "a=b"]).overrides == ["a=b"]
+
+
+def _report(faults, kills, per_run, **counts):
+    runs = [{"run": i, "completed": c, "resumed": c, "orphans": [], "lost": [], "corrupt": [], "duplicates": [],
+             "leftovers": []} for i, c in enumerate(per_run)]
+    for key, n in counts.items():
+        runs[0][key] = ["x"] * n
+    return faults.summarize(runs, kills, 1.0, {"mode": "ray", "target": "actor"})
+
+
+def test_failures_name_counts_incomplete_runs_missed_kills_and_slow_actor_stops(faults) -> None:
+    hit = {"run": 0, "attempt": 0, "target": "driver", "killed": True}
+    assert _report(faults, [hit] * 10, [True] * 10)["failures"] == []
+    assert _report(faults, [hit] * 9 + [{**hit, "killed": False}], [True] * 10)["failures"] == []  # 1 of 10: allowed
+    two_missed = _report(faults, [hit] * 8 + [{**hit, "killed": False}] * 2, [True] * 10)
+    assert two_missed["failures"] == ["missed kills: 2 of 10 planned (more than 10%)"]
+    bad = _report(faults, [hit], [True, False], lost=2, orphans=1)
+    assert bad["failures"] == ["lost_steps = 2", "orphan_processes = 1", "runs that did not complete: [1]"]
+    actor = {**hit, "target": "actor", "actor": "solver", "stop_s": 3.0, "named": True}
+    assert _report(faults, [actor], [True])["failures"] == []
+    for slow in ({**actor, "stop_s": 61.0}, {**actor, "named": False}):
+        assert _report(faults, [slow], [True])["failures"] == [
+            "actor kills that did not stop the driver within 60s with an error naming the role: ['run 0 attempt 0']"]
 
 
 FAKE_DRIVER = """
-import subprocess, sys, time
+import json, os, subprocess, sys, time
 # One helper in its own session (as Ray's agents were), not reparented to us when the driver dies.
 subprocess.Popen(["sleep", "60"], start_new_session=True)
 subprocess.Popen(["sleep", "0.2"], start_new_session=True)  # ends by itself: no orphan
-print("actors ready in 0.1s; 0 reference questions; steps 0..1; run dir " + sys.argv[1], flush=True)
+os.makedirs(sys.argv[1], exist_ok=True)
+with open(os.path.join(sys.argv[1], "events.jsonl"), "a") as f:
+    f.write(json.dumps({"event": "ready", "pid": os.getpid(), "start": 0, "last": 1}) + "\\n")
 time.sleep(60)
 """
 
 
-def test_an_attempt_killed_at_once_reports_the_process_its_driver_left(tmp_path, faults, monkeypatch) -> None:
-    monkeypatch.setattr(faults, "ORPHAN_GRACE_S", 2.0)
+def test_an_attempt_killed_at_once_reports_the_process_its_driver_left(tmp_path, faults, procs) -> None:
     run_dir = tmp_path / "run"
     plan = faults.KillPlan("time", 0.0, 0.0)
     own = {t for t in os.environ.get(faults.TOKENS_ENV, "").split(":") if t}  # a reaper of the test process's
@@ -181,34 +222,66 @@ def test_an_attempt_killed_at_once_reports_the_process_its_driver_left(tmp_path,
     assert rec["killed"] and rec["rc"] == -9 and rec["error"] is None and rec["during_save"] is False
     assert a.start_step == 0 and len(a.tracked) >= 2  # the driver and its helper(s)
     started = time.monotonic()
-    orphans = faults.orphans_after(time.monotonic(), a.tracked, a.tokens, run_dir)
+    orphans = procs.orphans_after(time.monotonic(), a.tracked, a.tokens, run_dir, grace_s=2.0)
     assert [name.split()[1] for name in orphans] == ["sleep"]
     assert time.monotonic() - started >= 2.0
     pid = int(orphans[0].split()[0])
     deadline = time.monotonic() + 5
-    while faults.survivors(a.tracked, set(), run_dir) and time.monotonic() < deadline:
+    while procs.survivors(a.tracked, set(), run_dir) and time.monotonic() < deadline:
         time.sleep(0.05)
-    assert faults.survivors(a.tracked, set(), run_dir) == {}, f"{pid} was not killed"
+    assert procs.survivors(a.tracked, set(), run_dir) == {}, f"{pid} was not killed"
 
 
-def test_an_attempt_that_fails_before_its_actors_are_ready_is_an_error(tmp_path, faults) -> None:
-    rec, a = faults.run_attempt([sys.executable, "-c", "import sys; print('boom'); sys.exit(3)"], tmp_path / "log",
-                                tmp_path / "run", steps=2, plan=None, step_s=1.0, timeout_s=60, own_tokens=set())
-    assert rec["error"] == "exit code 3 before the actors were ready" and rec["log_tail"] == "boom\n"
+FAKE_RAY_DRIVER = """
+import json, os, subprocess, sys, time
+actor = subprocess.Popen([sys.executable, "-c", "import time; time.sleep(60)"])
+with open(os.path.join(sys.argv[1], "events.jsonl"), "a") as f:
+    f.write(json.dumps({"event": "ready", "pid": os.getpid(), "start": 0, "last": 1,
+                        "actors": {"solver": actor.pid}}) + "\\n")
+code = actor.wait()  # as Ray reports a dead actor to the driver's call
+print(f"coevo: run stopped: solver generate failed in its Ray actor (exit {code})", file=sys.stderr, flush=True)
+sys.exit(1)
+"""
+
+
+def test_an_actor_kill_waits_for_the_driver_to_stop_and_checks_it_named_the_role(tmp_path, faults) -> None:
+    run_dir = tmp_path / "run"
+    run_dir.mkdir()
+    rec, a = faults.run_attempt([sys.executable, "-c", FAKE_RAY_DRIVER, str(run_dir)], tmp_path / "log", run_dir,
+                                steps=2, plan=faults.KillPlan("time", 0.0, 0.0), step_s=1.0, timeout_s=60,
+                                own_tokens=set(), target="actor")
+    assert rec["killed"] and rec["actor"] == "solver" and rec["rc"] == 1 and rec["error"] is None
+    assert rec["named"] and rec["stop_s"] < 10 and a.actors == {"solver": a.actors["solver"]}
+    # Without a named actor the kill cannot be made: an error, never a silent pass.
+    rec, _ = faults.run_attempt([sys.executable, "-c", FAKE_DRIVER, str(run_dir)], tmp_path / "log2", run_dir,
+                                steps=2, plan=faults.KillPlan("time", 0.0, 0.0), step_s=1.0, timeout_s=60,
+                                own_tokens=set(), target="actor")
+    assert not rec["killed"] and "names no actors" in rec["error"] and rec["rc"] == -9
+
+
+def test_an_attempt_without_a_ready_event_is_an_error(tmp_path, faults) -> None:
+    # The driver prints the old console wording: only the run's events count.
+    script = "import sys; print('actors ready in 0.1s; 0 reference questions; steps 0..1; run dir x'); sys.exit(3)"
+    rec, a = faults.run_attempt([sys.executable, "-c", script], tmp_path / "log", tmp_path / "run", steps=2,
+                                plan=None, step_s=1.0, timeout_s=60, own_tokens=set())
+    assert rec["error"] == "exit code 3 before the run's ready event" and "actors ready" in rec["log_tail"]
     assert not rec["killed"] and a.ready is None
 
 
-def test_the_log_reader_times_ready_and_step_lines_once_each_line_is_whole(tmp_path, faults) -> None:
-    log = tmp_path / "log"
-    log.write_text("step 1: 0/4 tasks accepted\n"  # before "actors ready": not a step of this attempt
-                   "actors ready in 2.0s; 60 reference questions; steps 2..3; run dir /w/run_0\n[step 3/4] acc")
-    a = faults.Attempt(None, tmp_path, log, started=0.0)
-    a.read_log()
-    assert a.ready is not None and a.start_step == 2 and a.step_ends == [] and a.seconds_per_step() is None
-    with open(log, "a") as f:
-        f.write("epted 0/4 | reward\nstep 3: 0/4 tasks accepted\n[step 4/4] accepted 0/4\n")
-    a.read_log()
-    a.read_log()  # nothing new: nothing counted twice
-    assert len(a.step_ends) == 2
+def test_the_event_reader_times_this_drivers_ready_and_step_events_once_each_line_is_whole(tmp_path, faults):
+    events = tmp_path / "events.jsonl"
+    me = os.getpid()
+    events.write_text(json.dumps({"event": "step", "pid": me, "step": 1}) + "\n"  # before ready: not timed
+                      + json.dumps({"event": "ready", "pid": 1, "start": 0}) + "\n"  # another attempt's
+                      + json.dumps({"event": "ready", "pid": me, "start": 2, "actors": {"solver": 9}}) + "\n"
+                      + '{"event": "step", "pid": ' + str(me))
+    a = faults.Attempt(type("P", (), {"pid": me})(), tmp_path, tmp_path / "log", started=0.0)
+    a.read_events()
+    assert a.ready is not None and a.start_step == 2 and a.actors == {"solver": 9} and a.step_ends == []
+    with open(events, "a") as f:
+        f.write(', "step": 2}\n' + json.dumps({"event": "step", "pid": me, "step": 3}) + "\n")
+    a.read_events()
+    a.read_events()  # nothing new: nothing counted twice
+    assert len(a.step_ends) == 2 and a.seconds_per_step() is not None
     a.ready, a.step_ends = 10.0, [13.0, 16.5]
     assert a.seconds_per_step() == 3.25

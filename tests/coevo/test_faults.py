@@ -18,7 +18,6 @@ from omegaconf import OmegaConf
 
 from coevo.core.config import CoevoConfig, PolicyConfig, compose, to_object
 from coevo.core.io import atomic_dir, unique_sibling
-from coevo.core.lifetime import Stopped, stop_on_signals, uninterrupted
 from coevo.core.rundir import (
     RunDirError,
     check_same_experiment,
@@ -27,6 +26,7 @@ from coevo.core.rundir import (
     lock_run_dir,
     remove_temp_files,
 )
+from coevo.core.stopping import Stopped, stop_on_signals, uninterrupted
 from coevo.orchestrate.outputs import MetricsLog, read_jsonl
 from coevo.orchestrate.persist import stopped_advice
 from coevo.train.checkpoint import (
@@ -368,7 +368,7 @@ def test_a_write_cut_by_a_signal_leaves_nothing_half_written(tmp_path):
 
 SECOND_SIGNAL = """
 import os, signal, time
-from coevo.core.lifetime import stop_on_signals, uninterrupted
+from coevo.core.stopping import stop_on_signals, uninterrupted
 with stop_on_signals(), uninterrupted():
     os.kill(os.getpid(), signal.SIGTERM)
     time.sleep(0.2)

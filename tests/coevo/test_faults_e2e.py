@@ -92,7 +92,8 @@ def test_sigterm_stops_cleanly_and_resume_skips_a_damaged_checkpoint(tmp_path, s
 RAY_SIGTERM = """
 import os, signal, sys, time
 from coevo.core.config import compose, to_object
-from coevo.core.lifetime import Stopped, ensure_reaper, stop_on_signals
+from coevo.core.lifetime import ensure_reaper
+from coevo.core.stopping import Stopped, stop_on_signals
 from coevo.orchestrate.actors import init_ray
 ensure_reaper()
 try:

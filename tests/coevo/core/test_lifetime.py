@@ -102,3 +102,47 @@ def test_carries_token_reads_the_start_environment():
     finally:
         child.kill()
         child.wait()
+
+
+# An owner that exits normally, leaving one child that ends by itself a moment later (as Ray's
+# workers do after ray.shutdown) and one that never would.
+CLEAN_OWNER = textwrap.dedent("""
+    import subprocess, sys
+    from coevo.core.lifetime import ensure_reaper
+    ensure_reaper()
+    ending = subprocess.Popen(["sleep", "1.5"])
+    stuck = subprocess.Popen(["sleep", "300"])
+    print(ending.pid, stuck.pid, flush=True)
+    sys.exit(0)
+""")
+
+
+def test_a_normal_exit_lets_children_end_by_themselves_and_reports_only_what_was_left():
+    import coevo.core.lifetime as lifetime
+
+    assert lifetime.SHUTDOWN_GRACE_S <= 15  # the wait below
+    owner = subprocess.run([sys.executable, "-c", CLEAN_OWNER], cwd=ROOT, capture_output=True, text=True,
+                           timeout=60)  # returns once the reaper, which holds the stderr pipe, has exited
+    ending, stuck = (int(p) for p in owner.stdout.split())
+    try:
+        assert owner.returncode == 0 and not _alive(stuck) and not _alive(ending)
+        # The reaper waited for the first to end by itself: only the stuck one is reported as killed.
+        assert "killed the 1 processes it left (1 sleep)" in owner.stderr, owner.stderr
+    finally:
+        for pid in (ending, stuck):
+            if _alive(pid):
+                os.kill(pid, signal.SIGKILL)
+
+
+def test_watch_reads_the_clean_exit_the_owner_wrote_before_the_pipe_closed():
+    from coevo.core.lifetime import CLEAN_EXIT, watch
+
+    read, write = os.pipe()
+    os.write(write, CLEAN_EXIT)
+    os.close(write)
+    # Our parent is not `owner`: the loop ends at once, the leftover bytes are still read.
+    tracked, clean = watch(owner=-1, wakeup=read, poll_s=0.01)
+    assert tracked == {} and clean
+    read2, write2 = os.pipe()
+    os.close(write2)  # closed without a word: a kill
+    assert watch(owner=-1, wakeup=read2, poll_s=0.01) == ({}, False)

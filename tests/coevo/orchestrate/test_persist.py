@@ -5,8 +5,8 @@ from types import SimpleNamespace
 
 import pytest
 
-from coevo.core.lifetime import Stopped
 from coevo.core.rundir import RunDirError
+from coevo.core.stopping import Stopped
 from coevo.orchestrate.actors import ActorFailure
 from coevo.orchestrate.persist import checkpoint_due, done_report, error_line, run_and_report, save_step
 from coevo.train.checkpoint import complete_checkpoints

@@ -245,7 +245,8 @@ def _finish(rec: dict[str, Any], a: Attempt, log: Path, struck: Optional[float])
     if struck is not None:
         rec["stop_s"] = round(time.monotonic() - struck, 1)  # an upper bound: polled every 50 ms
         tail = log.read_text(errors="replace")[-4000:]
-        rec["named"] = "run stopped" in tail and rec["actor"] in tail
+        # A sharded role's or a retrieval replica's ranks (`solver.1`) are named by the role.
+        rec["named"] = "run stopped" in tail and rec["actor"].split(".")[0] in tail
         if rec["rc"] == 0 and not rec["error"]:
             rec["error"] = f"exit code 0 after its {rec['actor']} actor was killed"
     if a.ready is None and not rec["error"]:

@@ -34,6 +34,7 @@ from coevo.orchestrate.loop import coevolution_step, step_seed
 from coevo.orchestrate.outputs import MetricsLog, step_headline, write_task_dump
 from coevo.orchestrate.persist import checkpoint_due, open_metrics, open_run, restore, run_and_report, save_step
 from coevo.orchestrate.stack import format_summary, load_stack_summary
+from coevo.orchestrate.timing import breakdown_line
 
 register_schema()
 LOG = logging.getLogger("coevo.run")
@@ -80,13 +81,16 @@ def _loop(cfg: CoevoConfig, run_dir: Path, actors, questions: list[str], metrics
             t0 = time.perf_counter()
             refs, cursor = next_references(questions, cursor, cfg.proposer.questions_per_step)
             records, m = coevolution_step(step, refs, actors, cfg, step_seed(cfg.seed, step), progress=LOG.info)
+            written = time.perf_counter()
             with uninterrupted():  # a stop signal waits for the step's outputs and checkpoint to be whole
                 write_task_dump(run_dir, step, records)
                 metrics.log(step, m)
                 if checkpoint_due(step, cfg.run.steps, cfg.run.save_every):
                     save_step(run_dir, step, cursor, actors)
                 emit(run_dir, STEP, step=step)
-            bar.step(step, step_headline(m), time.perf_counter() - t0)
+            write_s, wall = time.perf_counter() - written, time.perf_counter() - t0
+            bar.step(step, step_headline(m), wall)
+            say(breakdown_line(m["time_s"], m["tokens"], write_s, wall))
 
 
 @hydra.main(config_path="../configs", config_name="coevo", version_base="1.3")

@@ -50,17 +50,17 @@ class RemoteEvidence:
         self.actor = actor
 
     def validate_targets(self, targets: list[str], references: list[str]) -> list[Verdict]:
-        return call(self.actor.validate_targets.remote(targets, references), "target validation")
+        return call(self.actor.validate_targets.remote(targets, references), "evidence: target validation")
 
     def build_paths(self, targets: list[str], seed: int) -> list[list[EvidencePath]]:
-        return call(self.actor.build_paths.remote(targets, seed), "evidence paths")
+        return call(self.actor.build_paths.remote(targets, seed), "evidence: paths")
 
     def direct_paths(self, targets: list[str], support_ids: list[list[str]]) -> list[list[EvidencePath]]:
-        return call(self.actor.direct_paths.remote(targets, support_ids), "direct evidence")
+        return call(self.actor.direct_paths.remote(targets, support_ids), "evidence: direct paths")
 
     def validate_questions(self, questions: list[str], targets: list[str],
                            paths: list[EvidencePath]) -> list[Verdict]:
-        return call(self.actor.validate_questions.remote(questions, targets, paths), "question validation")
+        return call(self.actor.validate_questions.remote(questions, targets, paths), "evidence: question validation")
 
 
 class RemoteCorpus:

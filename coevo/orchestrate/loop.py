@@ -7,15 +7,12 @@ proposer stages), so both train the solver and the ranker through one path.
 """
 from __future__ import annotations
 
-import time
-from contextlib import contextmanager
-from dataclasses import dataclass, field
-from typing import Any, Collection, Iterator, Mapping, Sequence
+from typing import Any, Collection, Mapping, Sequence
 
 from coevo.core.config import CoevoConfig
-from coevo.core.stages import stage as published_stage
 from coevo.core.types import SamplingParams, TrainSequence
 from coevo.orchestrate.records import candidate_record, step_metrics
+from coevo.orchestrate.timing import StageTimer, update_tokens
 from proposer.pipeline import (
     Candidate,
     assign_proposer_rewards,
@@ -32,20 +29,6 @@ from solver.ranker import RankerCall, SearchTool, build_ranker
 from solver.training import ranker_sequences, score_ranker, score_solver, solver_sequences
 
 
-@dataclass
-class StageTimer:
-    """Wall-clock seconds per stage of one step (each stage also published for `COEVO_STAGE_FILE`)."""
-
-    seconds: dict[str, float] = field(default_factory=dict)
-
-    @contextmanager
-    def __call__(self, stage: str) -> Iterator[None]:
-        t0 = time.perf_counter()
-        with published_stage(stage):  # bench/memory.py attributes memory samples to it (coevo/core/stages.py)
-            yield
-        self.seconds[stage] = round(self.seconds.get(stage, 0.0) + time.perf_counter() - t0, 3)
-
-
 def step_seed(seed: int, step: int) -> int:
     """Sampling seed of one step: a resumed step samples exactly what the original would have."""
     return (seed * 1_000_003 + step * 7919) % (2**31 - 1)
@@ -55,6 +38,7 @@ def coevolution_step(step: int, references: list[tuple[int, str]], actors: Any, 
                      seed: int, progress: Any = print) -> tuple[list[dict], dict]:
     """Run one step of SPEC §2 and return (task-dump records, metrics)."""
     timer = StageTimer()
+    actors = timer.metered(actors)  # tokens per stage (coevo/orchestrate/timing.py)
     cands = propose_tasks(references, actors, cfg, seed, timer)
     tasks = {make_task_id(step, pos, c): c for pos, c in enumerate(cands) if c.accepted}
     progress(f"step {step}: {len(tasks)}/{len(cands)} tasks accepted; solving with G={cfg.solver.group_size}")
@@ -67,8 +51,9 @@ def coevolution_step(step: int, references: list[tuple[int, str]], actors: Any, 
     assign_proposer_rewards(cands, cfg.proposer)
     with timer("update"):
         updates = apply_updates(actors.trainable, role_batches(cfg, actors.trainable, cands, episodes, groups))
+    timer.tokens["update"] = update_tokens(updates)
     metrics = {**step_metrics(cands, episodes, groups, cfg.ranker.top_k), "update": updates,
-               "time_s": timer.seconds}
+               "time_s": timer.seconds, "tokens": timer.tokens}
     task_of = {id(c): t for t, c in tasks.items()}
     decode = actors.solver.tokenizer.decode  # the dump shows what the solver wrote and read
     records = [candidate_record(c, task_of.get(id(c)), [ep for ep in episodes if ep.task_id == task_of.get(id(c))],

@@ -30,6 +30,7 @@ import torch
 from omegaconf import DictConfig
 
 from coevo.core.config import SolveRootConfig, to_object
+from coevo.core.console import say
 from coevo.core.events import READY, STEP, emit
 from coevo.core.inputs import load_labelled_questions
 from coevo.core.progress import StepBar
@@ -37,9 +38,10 @@ from coevo.core.scoring import exact_match, f1
 from coevo.core.stats import mean
 from coevo.core.stopping import uninterrupted
 from coevo.orchestrate.actors import create_local_actors
-from coevo.orchestrate.loop import StageTimer, apply_updates, role_batches, solve_tasks, step_seed
+from coevo.orchestrate.loop import apply_updates, role_batches, solve_tasks, step_seed
 from coevo.orchestrate.outputs import MetricsLog, step_headline
 from coevo.orchestrate.persist import checkpoint_due, open_metrics, open_run, restore, save_step
+from coevo.orchestrate.timing import StageTimer, breakdown_line, update_tokens
 from solver.agent import Episode, Task
 from solver.ranker import RankerCall
 from solver.reward import relevance_reward
@@ -124,13 +126,14 @@ def solve_step(actors: Any, tasks: list[Task], cfg: SolveRootConfig, seed: int, 
     """
     timer = StageTimer()
     with timer("solve"):
-        episodes, groups, _ = solve_tasks(tasks, actors, cfg, seed)
+        episodes, groups, _ = solve_tasks(tasks, timer.metered(actors), cfg, seed)
     metrics = rollout_metrics(episodes, groups, cfg.ranker.top_k)
     if train:
         with timer("update"):
             metrics["update"] = apply_updates(actors.trainable, role_batches(cfg, actors.trainable, [], episodes,
                                                                              groups))
-    return {**metrics, "time_s": timer.seconds}
+        timer.tokens["update"] = update_tokens(metrics["update"])
+    return {**metrics, "time_s": timer.seconds, "tokens": timer.tokens}
 
 
 def run_solve(cfg: SolveRootConfig, dcfg: DictConfig) -> list[dict[str, Any]]:
@@ -167,11 +170,14 @@ def _solve_steps(cfg: SolveRootConfig, actors: Any, tasks: list[Task], metrics: 
             t0 = time.perf_counter()
             m = solve_step(actors, batch, cfg, step_seed(cfg.seed, step), cfg.solve.train)
             cursor += len(batch)
+            written = time.perf_counter()
             with uninterrupted():  # a stop signal waits for the step's metrics and checkpoint to be whole
                 metrics.log(step, m)  # first: bench/memory.py reads metrics.jsonl when the step's line appears
                 if checkpoint_due(step, cfg.solve.steps, cfg.run.save_every):
                     save_step(Path(cfg.run.dir), step, cursor, actors)
                 emit(cfg.run.dir, STEP, step=step)
             history.append({"step": step, **m})
-            bar.step(step, step_headline(history[-1]), time.perf_counter() - t0)
+            write_s, wall = time.perf_counter() - written, time.perf_counter() - t0
+            bar.step(step, step_headline(history[-1]), wall)
+            say(breakdown_line(m["time_s"], m["tokens"], write_s, wall))
     return history

@@ -256,6 +256,7 @@ class Policy:
         """GRPO update (`ppo_epochs` optimizer steps) on `batch`; returns metrics averaged over epochs.
 
         Metrics: loss, pg_loss, kl, clip_frac, grad_norm, n_seqs, n_tokens (loss-masked tokens),
+        seq_tokens (every token of the batch's sequences: what each epoch runs forward and backward),
         time_s. A frozen policy returns {"skipped": True}; a batch without any loss-masked token
         is skipped too (no step, so weight decay cannot move the weights either).
         """
@@ -278,7 +279,8 @@ class Policy:
             with stage("sync"):
                 self.engine.sync_weights(self.model)
         metrics = {k: sum(e[k] for e in epochs) / len(epochs) for k in epochs[0]}
-        metrics.update(n_seqs=len(batch), n_tokens=n_tokens, time_s=time.perf_counter() - t0)
+        metrics.update(n_seqs=len(batch), n_tokens=n_tokens, seq_tokens=sum(len(s.input_ids) for s in batch),
+                       time_s=time.perf_counter() - t0)
         return metrics
 
     def release_engine_memory(self) -> None:

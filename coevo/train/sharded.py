@@ -239,7 +239,8 @@ class ShardedPolicy:
         # Each rank's loss terms are its share of the global mean (divided by the batch's tokens): they add up.
         summed = _all_reduce([metrics[k] for k in ("loss", "pg_loss", "kl", "clip_frac")])
         metrics.update(zip(("loss", "pg_loss", "kl", "clip_frac"), summed))
-        metrics.update(n_seqs=len(batch), n_tokens=n_tokens, time_s=time.perf_counter() - t0)
+        metrics.update(n_seqs=len(batch), n_tokens=n_tokens, seq_tokens=sum(len(s.input_ids) for s in batch),
+                       time_s=time.perf_counter() - t0)
         return metrics
 
     def _dummy(self) -> TrainSequence:

@@ -31,6 +31,14 @@ def log_times(path):
             if (m := STAMP.match(line))]
 
 
+def _breakdown(line):
+    """(wall seconds, {term: seconds}) of a `time <wall>s = <term> <s>s (...) + ...` line (coevo/orchestrate/timing.py)."""
+    head, _, rest = line.partition(" = ")
+    assert head.startswith("time ") and head.endswith("s"), line
+    terms = [term.split(" ") for term in re.sub(r" \([^)]*\)", "", rest).split(" + ")]  # tokens and rates dropped
+    return float(head[5:-1]), {name: float(seconds.rstrip("s")) for name, seconds in terms}
+
+
 @pytest.mark.slow
 def test_smoke_run_prints_a_start_line_one_line_per_step_and_done(tmp_path):
     run_dir = tmp_path / "run"
@@ -44,12 +52,18 @@ def test_smoke_run_prints_a_start_line_one_line_per_step_and_done(tmp_path):
                         lines[0]), lines[0]
     assert re.fullmatch(r"\[step 1/2\] accepted \d+/4 \| solver reward \S+ format \S+ \| ranker format \S+ \| "
                         r"[\d.]+s \| ETA \S+", lines[1]), lines[1]
-    assert lines[2].startswith("[step 2/2] accepted ") and lines[2].endswith("ETA 0s")
+    assert lines[3].startswith("[step 2/2] accepted ") and lines[3].endswith("ETA 0s")
+    for step_line, breakdown in ((lines[1], lines[2]), (lines[3], lines[4])):  # where each step's time went
+        wall, terms = _breakdown(breakdown)
+        assert list(terms) == ["target", "path", "question", "solve", "update", "write", "other"], breakdown
+        assert f"| {wall:.1f}s |" in step_line and abs(sum(terms.values()) - wall) <= 0.05 * wall + 0.35
+        assert abs(terms["other"]) <= 0.05 * wall + 0.05, breakdown  # the stages cover the step
+        assert "prefill + " in breakdown.split(" + path")[0]  # the proposer's tokens, counted in its stage
     # The end: `done: <run dir>` and what the run dir holds (coevo/orchestrate/persist.py). Nothing else before it.
-    assert lines[3] == f"done: {run_dir}", lines[3:]
+    assert lines[5] == f"done: {run_dir}", lines[5:]
     log = (run_dir / "run.log").read_text()
     for text in ("preflight: solver: preset tiny-random", "memory: estimated peak", "actors ready in",
-                 "solving with G=2", lines[1], lines[2],
+                 "solving with G=2", lines[1], lines[3],
                  "loading configuration file"):  # transformers' INFO records: the libraries' logs are here too
         assert text in log, text
     print(f"smoke run: {wall:.1f}s wall")

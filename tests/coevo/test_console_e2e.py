@@ -32,7 +32,7 @@ def log_times(path):
 
 
 def _breakdown(line):
-    """(wall seconds, {term: seconds}) of a `time <wall>s = <term> <s>s (...) + ...` line (coevo/orchestrate/timing.py)."""
+    """(wall seconds, {term: seconds}) of a `time <wall>s = <term> <s>s (...) + ...` line (orchestrate/timing.py)."""
     head, _, rest = line.partition(" = ")
     assert head.startswith("time ") and head.endswith("s"), line
     terms = [term.split(" ") for term in re.sub(r" \([^)]*\)", "", rest).split(" + ")]  # tokens and rates dropped

@@ -53,6 +53,7 @@ def test_breakdown_line_terms_rates_and_the_remainder() -> None:
     line = breakdown_line(time_s, tokens, write_s=0.25, wall_s=10.0)
     # 2 + 4 + 3 + 0.5 + 0.25 = 9.75 of 10 s: 0.25 s (printed 0.2 with round-half-even) no stage covers.
     assert line == ("time 10.0s = target 2.0s (1.5k prefill + 400 decode, 200 tok/s) + solve 4.0s (200 prefill + "
-                    "2.0k decode, 500 tok/s) + update 3.0s (6.0k seq, 2000 tok/s) + path 0.5s + write 0.2s + other 0.2s")
+                    "2.0k decode, 500 tok/s) + update 3.0s (6.0k seq, 2000 tok/s) + path 0.5s + write 0.2s + "
+                    "other 0.2s")
     assert breakdown_line({"update": 0.0}, {"update": {"seq": 5}}, 0.0, 0.0) == \
         "time 0.0s = update 0.0s (5 seq) + write 0.0s + other 0.0s"  # no rate over zero seconds

@@ -38,8 +38,9 @@ with nothing to count is null.
 - proposer_reward, solver_reward, ranker_reward: mean reward of candidates / rollouts / ranker calls;
 - solver_format_valid: share of rollouts that kept the action format; accuracy: mean solver
   accuracy on accepted tasks; mean_searches: searches per rollout;
-- ranker_calls; ranker_format_valid: share of well-formed ranker outputs; hit@1, hit@3: Hit@k of
-  the ranking where an answer passage was among the candidates;
+- ranker_calls; ranker_format_valid: share of well-formed ranker outputs; hit@1 … hit@5: Hit@k of
+  the ranking where an answer passage was among the candidates (None at a cutoff the step did not
+  record: cutoffs are {1, 3, 5} capped at ranker.top_k); hit@K: the one at the largest recorded cutoff;
 - solver_groups: accepted tasks with rollouts (one solver GRPO group each); mixed_groups,
   all_correct_groups, all_wrong_groups: their shares whose rollouts' `correctness` is mixed /
   all >= 1 / all <= 0 (from the dumps);

@@ -31,7 +31,7 @@ RUN_CHARTS: list[tuple[str, list[tuple[str, str]], Optional[tuple[float, float]]
     ("mean reward", [("proposer_reward", "proposer"), ("solver_reward", "solver"), ("ranker_reward", "ranker")],
      None),
     ("format validity", [("solver_format_valid", "solver"), ("ranker_format_valid", "ranker")], SHARE),
-    ("ranker Hit@k", [("hit@1", "Hit@1"), ("hit@3", "Hit@3")], SHARE),
+    ("ranker Hit@k", [("hit@1", "Hit@1"), ("hit@K", "Hit@K")], SHARE),
     ("solver accuracy on accepted tasks", [("accuracy", "accuracy")], SHARE),
     ("searches per rollout", [("mean_searches", "searches")], None),
     ("solver groups (share)", [("mixed_groups", "mixed"), ("all_correct_groups", "all correct"),
@@ -43,13 +43,13 @@ COMPARE_SERIES: list[tuple[str, str, Optional[tuple[float, float]]]] = [
     ("path_acceptance", "evidence-path share", SHARE), ("proposer_reward", "proposer reward", None),
     ("solver_reward", "solver reward", None), ("ranker_reward", "ranker reward", None),
     ("solver_format_valid", "solver format-valid", SHARE), ("ranker_format_valid", "ranker format-valid", SHARE),
-    ("hit@1", "ranker Hit@1", SHARE), ("hit@3", "ranker Hit@3", SHARE),
+    ("hit@1", "ranker Hit@1", SHARE), ("hit@K", "ranker Hit@K", SHARE),
     ("accuracy", "solver accuracy on accepted tasks", SHARE), ("mean_searches", "searches per rollout", None),
     ("mixed_groups", "mixed solver groups (share)", SHARE), ("ranker_update_seqs", "sequences in ranker update", None),
 ]
 PER_STEP = [("proposer_reward", "proposer reward"), ("solver_reward", "solver reward"),
             ("ranker_reward", "ranker reward"), ("solver_format_valid", "solver fmt"),
-            ("ranker_format_valid", "ranker fmt"), ("hit@1", "Hit@1"), ("hit@3", "Hit@3"),
+            ("ranker_format_valid", "ranker fmt"), ("hit@1", "Hit@1"), ("hit@K", "Hit@K"),
             ("accuracy", "accuracy"), ("mean_searches", "searches"), ("mixed_groups", "mixed groups")]
 CSS = """body{font-family:sans-serif;margin:1.5em;color:#222}h2{border-bottom:1px solid #ccc;margin-top:1.6em}
 table{border-collapse:collapse;margin:.5em 0;font-size:13px}td,th{border:1px solid #ccc;padding:2px 6px;

@@ -3,7 +3,7 @@
 One implementation for `coevo.inspect --html` / `--compare` and `bench/learning.py`.
 
 - `extract_series(metrics, records)`: one entry per metrics line (a finished step), keys in
-  bench/learning.py's docstring (`task_acceptance`, `solver_format_valid`, `hit@1`, …);
+  bench/learning.py's docstring (`task_acceptance`, `solver_format_valid`, `hit@1`, `hit@K`, …);
 - `step_funnels(records)`: per dumped step, how many candidates passed each stage of `FUNNEL`;
 - `step_reasons`, `step_accuracies`, `step_hops`: per dumped step, the rejection reason codes,
   the solver accuracy of each accepted task (the difficulty histogram) and its hop count;
@@ -33,7 +33,7 @@ METRIC_KEYS: dict[str, tuple[str, ...]] = {
     "ranker_reward": ("reward", "ranker"), "solver_format_valid": ("solver", "format_valid"),
     "accuracy": ("solver", "accuracy"), "mean_searches": ("solver", "mean_searches"),
     "ranker_calls": ("ranker", "calls"), "ranker_format_valid": ("ranker", "format_valid"),
-    "hit@1": ("ranker", "hit@1"), "hit@3": ("ranker", "hit@3"),
+    **{f"hit@{k}": ("ranker", f"hit@{k}") for k in range(1, 6)},  # the cutoffs a step records (solver.reward)
 }
 
 
@@ -106,7 +106,14 @@ def extract_series(metrics: Sequence[dict], records: Sequence[dict]) -> dict[str
     series["zero_var_groups"] = [{role: _dict(u).get("zero_var_groups") for role, u in _dict(m.get("update")).items()}
                                  for m in lines]
     series["step_s"] = [round(sum(number(v) or 0.0 for v in _dict(m.get("time_s")).values()), 3) for m in lines]
+    series["hit@K"] = [top_hit(_dict(m.get("ranker"))) for m in lines]
     return series
+
+
+def top_hit(ranker: dict) -> Any:
+    """Hit@K at the largest cutoff a step recorded: K = ranker.top_k, capped at 5 (solver.reward.hit_cutoffs)."""
+    cutoffs = sorted(int(key[4:]) for key in ranker if key.startswith("hit@") and key[4:].isdigit())
+    return ranker[f"hit@{cutoffs[-1]}"] if cutoffs else None
 
 
 def funnel(records: Sequence[dict]) -> dict[str, int]:

@@ -7,7 +7,7 @@ from typing import Any, Callable, Optional, Sequence
 from coevo.core.stats import correctness_shares, mean
 from proposer.pipeline import Candidate
 from solver.agent import Episode
-from solver.reward import hit_at_k
+from solver.reward import hit_at_k, hit_cutoffs
 
 
 def candidate_record(cand: Candidate, task_id: Optional[str], episodes: Sequence[Episode],
@@ -32,8 +32,7 @@ def step_metrics(cands: Sequence[Candidate], episodes: Sequence[Episode], groups
     with_path = sum(1 for c in cands if c.path is not None)
     accepted = [c for c in cands if c.accepted]
     calls = [call for ep in episodes for call in ep.ranker_calls]
-    hits = {f"hit@{k}": mean([hit_at_k(c.ranked_relevant(), k) for c in calls if c.i_ans])
-            for k in sorted({min(k, top_k) for k in (1, 3, 5)})}
+    hits = {f"hit@{k}": mean([hit_at_k(c.ranked_relevant(), k) for c in calls if c.i_ans]) for k in hit_cutoffs(top_k)}
     return {
         "candidates": n, "accepted": len(accepted),
         "acceptance": {"target": _rate(target_ok, n), "path": _rate(with_path, n), "task": _rate(len(accepted), n)},
@@ -51,7 +50,20 @@ def step_metrics(cands: Sequence[Candidate], episodes: Sequence[Episode], groups
         "groups": solver_group_shares(episodes),
         "rejection": rejection_rates(cands),
         "multi_hop_share": _rate(sum(1 for c in accepted if c.path is not None and len(c.path) >= 2), len(accepted)),
+        "hops": hop_metrics(accepted),
     }
+
+
+def hop_metrics(accepted: Sequence[Candidate]) -> dict[str, dict[str, Any]]:
+    """Accepted tasks and their mean solver accuracy by path length (`hops/tasks/<k>`, `hops/accuracy/<k>`);
+    the hop curriculum reads the accuracies (coevo/orchestrate/hop_curriculum.py)."""
+    by_hops: dict[int, list[Candidate]] = {}
+    for cand in accepted:
+        if cand.path is not None:
+            by_hops.setdefault(len(cand.path), []).append(cand)
+    ks = sorted(by_hops)
+    return {"tasks": {str(k): len(by_hops[k]) for k in ks},
+            "accuracy": {str(k): mean([c.accuracy for c in by_hops[k] if c.accuracy is not None]) for k in ks}}
 
 
 def solver_group_shares(episodes: Sequence[Episode]) -> dict[str, Optional[float]]:

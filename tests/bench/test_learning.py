@@ -76,7 +76,8 @@ def test_series_from_hand_made_run(learning, tmp_path):
     assert s["accuracy"] == [0.25, 1.0]
     assert s["mean_searches"] == [1.25, 2.0]
     assert s["ranker_format_valid"] == [0.0, 0.5]
-    assert s["hit@1"] == [None, 0.5] and s["hit@3"] == [None, 1.0]
+    assert s["hit@1"] == [None, 0.5] and s["hit@3"] == [None, 1.0] and s["hit@K"] == [None, 1.0]
+    assert s["hit@2"] == s["hit@5"] == [None, None]  # cutoffs the steps did not record
     # step 0: groups [1, 0] (mixed) and [0, 0] (all wrong); step 1: [1, 1] (all correct)
     assert s["solver_groups"] == [2, 1]
     assert s["mixed_groups"] == [0.5, 0.0]
@@ -87,6 +88,13 @@ def test_series_from_hand_made_run(learning, tmp_path):
     assert s["zero_var_groups"] == [{"proposer": 1, "solver": None, "ranker": None}, {}]
     assert s["step_s"] == [3.5, 0.5]
     assert all(len(v) == 2 for v in s.values())
+
+
+def test_hit_at_k_follows_the_configured_top_k(learning):
+    two = {"step": 0, "ranker": {"hit@1": 0.25, "hit@2": 0.5}}  # ranker.top_k=2: cutoffs {1, 2}
+    five = {"step": 1, "ranker": {"hit@1": 0.1, "hit@3": 0.2, "hit@5": 0.3}}
+    s = learning.extract_series([two, five], [])
+    assert s["hit@2"] == [0.5, None] and s["hit@K"] == [0.5, 0.3] and s["hit@3"] == [None, 0.2]
 
 
 def test_series_of_an_empty_or_missing_step(learning):

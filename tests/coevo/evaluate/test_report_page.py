@@ -250,7 +250,7 @@ def test_run_page_numbers_equal_hand_counts(trained, tmp_path):
     assert {"proposer step 0: -0.250", "proposer step 1: 0.500", "ranker step 1: 1"} <= \
         set(page.charts["mean reward"])
     assert {"solver step 1: 0.875", "ranker step 0: 0.500"} <= set(page.charts["format validity"])
-    assert {"Hit@1 step 0: 0.250", "Hit@3 step 1: 0.750"} <= set(page.charts["ranker Hit@k"])
+    assert {"Hit@1 step 0: 0.250", "Hit@K step 1: 0.750"} <= set(page.charts["ranker Hit@k"])
     per_step = page.table("per-step")
     assert per_step[0][:8] == ["step", "candidates", "parsed target", "valid target", "evidence path",
                                "parsed question", "accepted", "proposer reward"]

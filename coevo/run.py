@@ -16,6 +16,7 @@ import random
 import sys
 import time
 from pathlib import Path
+from typing import Optional
 
 import hydra
 from omegaconf import DictConfig
@@ -28,6 +29,7 @@ from coevo.core.inputs import load_reference_questions
 from coevo.core.lifetime import ensure_reaper
 from coevo.core.progress import StepBar
 from coevo.core.stopping import uninterrupted
+from coevo.orchestrate import hop_curriculum
 from coevo.orchestrate.actors import create_actors, create_local_actors
 from coevo.orchestrate.cluster import record_placement
 from coevo.orchestrate.loop import coevolution_step, step_seed
@@ -35,6 +37,7 @@ from coevo.orchestrate.outputs import MetricsLog, step_headline, write_task_dump
 from coevo.orchestrate.persist import checkpoint_due, open_metrics, open_run, restore, run_and_report, save_step
 from coevo.orchestrate.stack import format_summary, load_stack_summary
 from coevo.orchestrate.timing import breakdown_line
+from proposer.curriculum import CurriculumState
 
 register_schema()
 LOG = logging.getLogger("coevo.run")
@@ -64,29 +67,32 @@ def train(cfg: CoevoConfig, dcfg: DictConfig) -> Path:
             actors = create_local_actors(cfg) if cfg.ray.local else create_actors(cfg)
             record_placement(run_dir, actors.placement)
             start, cursor = restore(ckpt, run_dir, actors)
+            curriculum = hop_curriculum.start(cfg, hop_curriculum.saved_state(ckpt))  # the level a resume left
             LOG.info("actors ready in %.1fs; %d reference questions; steps %d..%d; run dir %s",
                      time.perf_counter() - t0, len(questions), start, cfg.run.steps - 1, run_dir)
             emit(run_dir, READY, start=start, last=cfg.run.steps - 1,
                  actors={name: p["pid"] for name, p in actors.placement.items()})
-            _loop(cfg, run_dir, actors, questions, metrics, start, cursor)
+            _loop(cfg, run_dir, actors, questions, metrics, start, cursor, curriculum)
         finally:
             metrics.close()
     return run_dir
 
 
 def _loop(cfg: CoevoConfig, run_dir: Path, actors, questions: list[str], metrics: MetricsLog,  # noqa: ANN001
-          start: int, cursor: int) -> None:
+          start: int, cursor: int, curriculum: Optional[CurriculumState] = None) -> None:
     with StepBar("coevo.run", cfg.run.steps, start) as bar:
         for step in range(start, cfg.run.steps):
             t0 = time.perf_counter()
             refs, cursor = next_references(questions, cursor, cfg.proposer.questions_per_step)
-            records, m = coevolution_step(step, refs, actors, cfg, step_seed(cfg.seed, step), progress=LOG.info)
+            records, m = coevolution_step(step, refs, actors, cfg, step_seed(cfg.seed, step), progress=LOG.info,
+                                          hops=hop_curriculum.step_hops(cfg, curriculum))
+            curriculum, m = hop_curriculum.advance(cfg, curriculum, m)
             written = time.perf_counter()
             with uninterrupted():  # a stop signal waits for the step's outputs and checkpoint to be whole
                 write_task_dump(run_dir, step, records)
                 metrics.log(step, m)
                 if checkpoint_due(step, cfg.run.steps, cfg.run.save_every):
-                    save_step(run_dir, step, cursor, actors)
+                    save_step(run_dir, step, cursor, actors, hop_curriculum.checkpoint_state(curriculum))
                 emit(run_dir, STEP, step=step)
             write_s, wall = time.perf_counter() - written, time.perf_counter() - t0
             bar.step(step, step_headline(m), wall)

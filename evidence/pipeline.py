@@ -4,7 +4,7 @@
     verdicts = pipe.validate_targets(targets, reference_questions)   # SPEC §3.2
     paths = pipe.build_paths(targets, rng=seed)                       # SPEC §3.3
     paths = pipe.direct_paths(targets, support_ids)                   # or: generation=direct
-    checks = pipe.validate_questions(questions, targets, first_paths) # SPEC §3.4
+    checks = pipe.validate_questions(questions, targets, paths_used)  # SPEC §3.4 (+ evidence.retrievable)
 """
 from __future__ import annotations
 
@@ -17,21 +17,24 @@ from evidence.corpus import Corpus
 from evidence.entities import build_entity_index
 from evidence.lazy_entities import EntityLookup, open_lazy_index
 from evidence.paths import as_random, build_evidence_paths, direct_path
-from evidence.validate import check_target_form, support_verdict, validate_question
+from evidence.validate import check_target_form, retrievability_verdict, support_verdict, validate_question
 
 
 class EvidencePipeline:
     """Target validation, path building and question validation with one config."""
 
     def __init__(self, corpus: Corpus, retriever: Any, index: EntityLookup, cfg: Optional[EvidenceConfig] = None,
-                 max_target_chars: int = 80) -> None:
+                 max_target_chars: int = 80, first_search_k: int = 10) -> None:
         self.corpus, self.retriever, self.index = corpus, retriever, index
         self.cfg = cfg if cfg is not None else EvidenceConfig()
         self.max_target_chars = max_target_chars  # proposer.max_target_chars lives in ProposerConfig
+        # ranker.n_candidates (RankerConfig): what the solver's first search retrieves before the ranker picks.
+        self.retrievable_k = self.cfg.retrievable_k if self.cfg.retrievable_k is not None else first_search_k
 
     @classmethod
     def from_config(cls, corpus: Corpus, retriever: Any, cfg: Optional[EvidenceConfig] = None,
-                    max_target_chars: int = 80, cache_dir: Optional[str] = None) -> "EvidencePipeline":
+                    max_target_chars: int = 80, cache_dir: Optional[str] = None,
+                    first_search_k: int = 10) -> "EvidencePipeline":
         """Build (or load from the disk cache) the entity index named by `cfg.spacy_model`:
         eager (every passage annotated) or lazy (`cfg.annotation`, evidence/lazy_entities.py)."""
         cfg = cfg if cfg is not None else EvidenceConfig()
@@ -40,7 +43,7 @@ class EvidencePipeline:
             index = open_lazy_index(corpus, cfg.spacy_model, cfg.stats_sample, cache_dir)
         else:
             index = build_entity_index(corpus, spacy_model=cfg.spacy_model, cache_dir=cache_dir)
-        return cls(corpus, retriever, index, cfg, max_target_chars)
+        return cls(corpus, retriever, index, cfg, max_target_chars, first_search_k)
 
     def validate_targets(self, targets: Sequence[Any],
                          reference_questions: Optional[Sequence[Any]] = None) -> list[Verdict]:
@@ -81,6 +84,19 @@ class EvidencePipeline:
 
     def validate_questions(self, questions: Sequence[Any], targets: Sequence[Any],
                            paths: Sequence[EvidencePath]) -> list[Verdict]:
-        """One verdict per (question, target, path) triple."""
-        return [validate_question(q, t, p, self.cfg.max_question_chars)
-                for q, t, p in zip(questions, targets, paths)]
+        """One verdict per (question, target, path) triple.
+
+        With `evidence.retrievable`, the questions that pass the static checks are searched as one
+        batch for their top `evidence.retrievable_k` (default ranker.n_candidates, `first_search_k`: every
+        passage the solver's first search could be shown, whatever the ranker picks) and must reach the answer.
+        """
+        verdicts = [validate_question(q, t, p, self.cfg.max_question_chars)
+                    for q, t, p in zip(questions, targets, paths)]
+        if not self.cfg.retrievable:
+            return verdicts
+        live = [i for i, v in enumerate(verdicts) if v.ok]
+        k = self.retrievable_k
+        results = self.retriever.search([questions[i].strip() for i in live], k) if live else []
+        for i, hits in zip(live, results):
+            verdicts[i] = retrievability_verdict(verdicts[i], targets[i], paths[i], list(hits)[:k], self.index)
+        return verdicts

@@ -6,7 +6,8 @@ odd strings): `ok`, a reason code, the evidence behind it and a human-readable d
 Target reason codes, checked in this order: `empty`, `too_long`, `copies_reference`,
 `not_entity`, `no_corpus_support`, `ok`.
 Question reason codes, in order: `empty`, `not_question`, `too_short`, `too_long`,
-`multiple_questions`, `no_evidence`, `leaks_target`, `leaks_target_token`, `ok`.
+`multiple_questions`, `no_evidence`, `leaks_target`, `leaks_target_token`, `ok`; then, with
+`evidence.retrievable` (an addition to SPEC §3.4, `retrievability_verdict`), `not_retrievable`.
 """
 from __future__ import annotations
 
@@ -14,7 +15,7 @@ import re
 from typing import Any, Optional
 
 from coevo.core.scoring import contains_answer, normalize_answer, punctuation_to_spaces, token_f1
-from coevo.core.types import EvidencePath, Verdict
+from coevo.core.types import HEAD_MARK, EvidencePath, Verdict
 from evidence.entities import EntityIndex
 from evidence.mentions import ALLOWED_LABELS, normalize_entity, stopwords, strip_disambiguator, title_key
 
@@ -122,7 +123,7 @@ def support_verdict(target: Any, hits: list[Any], index: EntityIndex, label: str
     head = target_head(text) if try_head and not support else None
     if head is not None:
         support = _supporting(head, hits, index)
-        label = f"{label} head:{head}" if support else label
+        label = f"{label}{HEAD_MARK}{head}" if support else label
     if not support:
         return _reject("no_corpus_support", f"none of {len(hits)} retrieved passages contains it")
     return Verdict(True, "ok", tuple(support), label)
@@ -222,3 +223,22 @@ def validate_question(question: Any, target: Any, path: Any, max_chars: int = 30
         if token in q_tokens:
             return _reject("leaks_target_token", token, evidence)
     return Verdict(True, "ok", evidence)
+
+
+def retrievability_verdict(verdict: Verdict, target: Any, path: Any, hits: list[Any], index: EntityIndex) -> Verdict:
+    """`evidence.retrievable`: a question that passed the static checks stays accepted only when `hits`,
+    the passages retrieved for the question itself, hold one that contains the target (or is titled
+    by it: `_supporting`, the §5.4 normalization) or the path's first-hop passage.
+
+    Not SPEC §3.4: a solver whose first search is the question can otherwise never reach the answer
+    (the last hop's passage was retrieved for the target's own name, which the question hides).
+    """
+    if not verdict.ok:
+        return verdict
+    hops = _hops(path)
+    first = hops[0].passage_id if hops else None
+    ids = [getattr(hit, "passage_id", hit) for hit in hits]
+    if (first is not None and first in ids) or _supporting(_clean(target), hits, index):
+        return verdict
+    return _reject("not_retrievable", f"none of the {len(ids)} passages retrieved for the question contains "
+                   f"the target or is the first hop's passage {first}", verdict.evidence)

@@ -8,15 +8,19 @@ proxy in the loop, a local pipeline in tests).
 """
 from __future__ import annotations
 
+import random
 from dataclasses import dataclass
 from typing import Any, Optional, Sequence
 
 import torch
 
 from coevo.core.budget import over_budget
+from coevo.core.choices import PathLength
 from coevo.core.config import ProposerConfig
 from coevo.core.grpo import group_advantages
-from coevo.core.types import Completion, EvidencePath, SamplingParams, TrainSequence, Verdict
+from coevo.core.scoring import answer_aliases
+from coevo.core.types import HEAD_MARK, Completion, EvidencePath, SamplingParams, TrainSequence, Verdict
+from proposer.hops import NO_PATH_OF_K_HOPS, choose_path
 from proposer.prompts import parse_question, parse_target, question_messages, target_messages
 from proposer.reward import proposer_reward
 
@@ -39,7 +43,7 @@ class Candidate:
     target: Optional[str] = None
     target_verdict: Verdict = PENDING
     paths_found: int = 0
-    path: Optional[EvidencePath] = None  # the first (best-ranked) certified path
+    path: Optional[EvidencePath] = None  # the certified path `evidence.hops` chose (proposer/hops.py)
     question_completion: Optional[Completion] = None
     question: Optional[str] = None
     question_verdict: Verdict = PENDING
@@ -58,6 +62,16 @@ class Candidate:
     @property
     def accepted(self) -> bool:
         return self.reason == "accepted"
+
+    @property
+    def answers(self) -> list[str]:
+        """The task's gold aliases: the target, the head the corpus supported instead of it
+        (`evidence.support_head`: "Abuja, Nigeria" → "Abuja"), the evidence path's last tail as
+        the graph names it, each with its accent-folded spelling (`answer_aliases`)."""
+        detail = self.target_verdict.detail
+        head = detail.split(HEAD_MARK, 1)[1] if self.target_verdict.ok and HEAD_MARK in detail else None
+        tail = self.path.hops[-1].tail if self.path is not None and self.path.hops else None
+        return answer_aliases([self.target, head, tail])
 
     @property
     def stages_passed(self) -> int:
@@ -82,7 +96,8 @@ class Candidate:
             "task_id": task_id, "reference_question": self.reference, "reference_index": self.ref_index,
             "candidate": self.index, "grounding_titles": list(self.grounding),
             "target_output": TARGET_OPEN + self.target_completion.text,
-            "target": self.target, "target_verdict": self.target_verdict.to_record(), "paths_found": self.paths_found,
+            "target": self.target, "answers": self.answers if self.target else [],
+            "target_verdict": self.target_verdict.to_record(), "paths_found": self.paths_found,
             "evidence_path": self.path.to_record() if self.path is not None else None,
             "question_output": QUESTION_OPEN + question.text if question is not None else None,
             "question": self.question, "question_verdict": self.question_verdict.to_record(),
@@ -168,8 +183,11 @@ def check_targets(evidence: Any, cands: list[Candidate]) -> None:
             cand.reject("target", verdict.reason)
 
 
-def attach_paths(evidence: Any, cands: list[Candidate], seed: int, direct: bool = False) -> None:
-    """SPEC §3.3: certified evidence paths per valid target; the first (best-ranked) is used.
+def attach_paths(evidence: Any, cands: list[Candidate], seed: int, direct: bool = False,
+                 hops: PathLength | int = PathLength.longest) -> None:
+    """SPEC §3.3: certified evidence paths per valid target; `hops` (`evidence.hops`, or the curriculum's
+    level) picks the one used: the first (longest, best-ranked) by default. A fixed k that no path
+    reaches rejects the candidate with `no_path_of_k_hops` (proposer/hops.py says why, not a fallback).
 
     `direct` (`proposer.generation=direct`): the target's supporting passage instead of a path.
     """
@@ -180,12 +198,15 @@ def attach_paths(evidence: Any, cands: list[Candidate], seed: int, direct: bool 
         paths = evidence.direct_paths([c.target for c in live], [list(c.target_verdict.evidence) for c in live])
     else:
         paths = evidence.build_paths([c.target for c in live], seed)
+    rand = random.Random(f"hops:{seed}")  # the step's seed, its own stream (the path builder draws from `seed`)
     for cand, found in zip(live, paths):
         cand.paths_found = len(found)
         if not found:
             cand.reject("path", "no_certified_path")
-        else:
-            cand.path = found[0]
+            continue
+        cand.path = choose_path(found, hops, rand)
+        if cand.path is None:
+            cand.reject("path", NO_PATH_OF_K_HOPS)
 
 
 def propose_questions(proposer: Any, cands: list[Candidate], cfg: ProposerConfig, seed: Optional[int] = None) -> None:

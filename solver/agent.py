@@ -46,12 +46,19 @@ SOLVER_SYSTEM = (
 )
 # One demonstration in the exact episode format (observation appended inside the assistant
 # turn). Measured on SmolLM2-135M-Instruct: without it 0/128 sampled first turns held a tag;
-# with it about a third opened with a well-formed <search>.
-DEMO_QUESTION = "Who wrote the play Hamlet?"
-DEMO_QUERY = "Hamlet play author"
-DEMO_DOC = ("Hamlet", "The Tragedy of Hamlet, Prince of Denmark, is a tragedy written by William Shakespeare "
-                      "between 1599 and 1601.")
-DEMO_ANSWER = "William Shakespeare"
+# with it about a third opened with a well-formed <search>. It shows two searches, the second
+# for the entity the first one found, and an answer that is in neither the question nor a
+# query: a one-search demo whose answer was the question's subject taught "search once, echo".
+DEMO_QUESTION = "In which city was the author of the novel The Master and Margarita born?"
+DEMO_TURNS = (
+    ("The Master and Margarita author",
+     ("The Master and Margarita", "The Master and Margarita is a novel by Mikhail Bulgakov, written between "
+                                  "1928 and 1940 and published in 1967.")),
+    ("Mikhail Bulgakov birthplace",
+     ("Mikhail Bulgakov", "Mikhail Afanasyevich Bulgakov was a Russian novelist and playwright, born in 1891 "
+                          "in Kyiv.")),
+)
+DEMO_ANSWER = "Kyiv"
 
 
 @dataclass
@@ -134,8 +141,8 @@ class _DemoPassage(NamedTuple):
 
 def solver_messages(question: str, max_searches: int) -> list[dict]:
     """Chat messages that open an episode: instructions, one demonstrated episode, the question."""
-    demo = (f"<search>{DEMO_QUERY}</search>{observation_text([_DemoPassage('demo', *DEMO_DOC)])}"
-            f"<answer>{DEMO_ANSWER}</answer>")
+    demo = "".join(f"<search>{query}</search>{observation_text([_DemoPassage('demo', *doc)])}"
+                   for query, doc in DEMO_TURNS) + f"<answer>{DEMO_ANSWER}</answer>"
     return [{"role": "system", "content": SOLVER_SYSTEM.format(max_searches=max_searches)},
             {"role": "user", "content": f"Question: {DEMO_QUESTION}"},
             {"role": "assistant", "content": demo},

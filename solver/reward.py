@@ -9,17 +9,18 @@ Pure functions over plain numbers and labels, so every case is hand-checkable:
   r_main when r_rel > γ; I_ans = 0 → r_main).
 - `relevance_labels`: pseudo-relevance of candidates (`answer`, `evidence` or `both`).
 
-All answer comparisons go through `solver.scoring` (the project's one normalization).
+All answer comparisons go through `coevo.core.scoring` (the project's one normalization).
 """
 from __future__ import annotations
 
 from typing import Any, Optional, Protocol, Sequence
 
-from coevo.core.scoring import contains_answer, exact_match, f1
+from coevo.core.choices import Correctness
+from coevo.core.scoring import contains_answer, content_f1, echoes, exact_match, f1
 
 HIT_CUTOFFS = (1, 3, 5)  # k of Hit@k in r_rel, before capping at K
 RELEVANCE_MODES = ("answer", "evidence", "both")
-CORRECTNESS_MODES = ("em", "f1")
+SCORERS = {Correctness.em: exact_match, Correctness.f1: f1, Correctness.f1_content: content_f1}
 
 
 class PassageLike(Protocol):
@@ -28,13 +29,18 @@ class PassageLike(Protocol):
     text: str
 
 
-def correctness(answer: Optional[str], golds: Sequence[str], mode: str = "em") -> float:
-    """c ∈ [0, 1] of one rollout: EM or token F1 (max over gold aliases); no answer → 0."""
-    if mode not in CORRECTNESS_MODES:
-        raise ValueError(f"correctness mode {mode!r} is not valid; expected one of {list(CORRECTNESS_MODES)}")
-    if answer is None:
+def correctness(answer: Optional[str], golds: Sequence[str], mode: str = "em",
+                echo_of: Sequence[str] = ()) -> float:
+    """c ∈ [0, 1] of one rollout: EM, token F1 or content-word F1 (max over gold aliases).
+
+    No answer → 0; an answer that `echoes` one of `echo_of` (the question and the rollout's own
+    queries, with `solver.reward.echo_guard`) → 0, so repeating the query never pays.
+    """
+    if mode not in SCORERS:
+        raise ValueError(f"correctness mode {mode!r} is not valid; expected one of {[str(m) for m in SCORERS]}")
+    if answer is None or echoes(answer, echo_of):
         return 0.0
-    return exact_match(answer, golds) if mode == "em" else f1(answer, golds)
+    return SCORERS[mode](answer, golds)
 
 
 def solver_rewards(correct: Sequence[float], searches: Sequence[int], format_ok: Sequence[bool],

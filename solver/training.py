@@ -29,18 +29,21 @@ def score_solver(episodes: Sequence[Any], cfg: SolverConfig) -> dict[str, float]
     """Fill `correctness` and `reward` of every episode; return accuracy per task.
 
     Accuracy p (the proposer's difficulty signal) is the share of rollouts whose answer is
-    an exact match: for F1 correctness too, so "solved" keeps one meaning in the dumps.
+    an exact match: for F1 correctness too, so "solved" keeps one meaning in the dumps. With
+    `solver.reward.echo_guard` an echoed answer (`coevo.core.scoring.echoes`) counts as wrong in both.
     """
     accuracy = {}
     for task_id, eps in episodes_by_task(episodes).items():
         golds = eps[0].task.answers
-        for ep in eps:
-            ep.correctness = correctness(ep.answer, golds, cfg.reward.correctness) if ep.format_ok else 0.0
+        echo_of = [[ep.task.question, *ep.sub_queries] if cfg.reward.echo_guard else [] for ep in eps]
+        for ep, echo in zip(eps, echo_of):
+            ep.correctness = correctness(ep.answer, golds, cfg.reward.correctness, echo) if ep.format_ok else 0.0
         rewards = solver_rewards([ep.correctness for ep in eps], [ep.n_searches for ep in eps],
                                  [ep.format_ok for ep in eps], cfg.reward.tool_cost, cfg.reward.format_penalty)
         for ep, r in zip(eps, rewards):
             ep.reward = r
-        accuracy[task_id] = sum(correctness(ep.answer, golds, "em") if ep.format_ok else 0.0 for ep in eps) / len(eps)
+        accuracy[task_id] = sum(correctness(ep.answer, golds, "em", echo) if ep.format_ok else 0.0
+                                for ep, echo in zip(eps, echo_of)) / len(eps)
     return accuracy
 
 

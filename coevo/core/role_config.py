@@ -73,6 +73,16 @@ class PolicyConfig:
 
 
 @dataclass
+class CurriculumConfig:
+    """Hop curriculum (proposer/curriculum.py): each step's path length follows the solver's accuracy (not ZEST)."""
+
+    enabled: bool = False  # start at 1 hop; the level is the step's fixed evidence.hops (at most evidence.max_hops)
+    window: int = 5  # N: the last N steps played at the current level decide a move (a move needs N fresh steps)
+    up: float = 0.6  # one level up when the solver's mean accuracy over the window is at least this
+    down: float = 0.2  # one level down when it is at most this (a collapse); must be below `up`
+
+
+@dataclass
 class ProposerConfig(PolicyConfig):
     """The task writer (SPEC §3)."""
 
@@ -85,13 +95,15 @@ class ProposerConfig(PolicyConfig):
     grounding: int = 0  # >0: call 1 lists the titles of this many passages retrieved for the reference (not ZEST)
     generation: ProposerGeneration = ProposerGeneration.path  # call 2 from: path (certified chain) | direct
     question_stop: bool = False  # call 2 ends at the first "?" (one question per output; small models, not ZEST)
+    curriculum: CurriculumConfig = field(default_factory=CurriculumConfig)  # hop curriculum; off in the paper presets
 
 
 @dataclass
 class SolverRewardConfig:
     """Tool-aware solver reward (SPEC §4.2)."""
 
-    correctness: Correctness = Correctness.em  # em | f1
+    correctness: Correctness = Correctness.em  # em | f1 | f1_content (token F1 over content words)
+    echo_guard: bool = False  # an answer found in the question or the rollout's own queries scores 0 (not SPEC)
     tool_cost: float = 0.2  # lambda: penalty for extra searches among correct rollouts
     format_penalty: float = 0.2  # alpha: reward -alpha on a format violation
 

@@ -8,7 +8,7 @@ import re
 import string
 import unicodedata
 from collections import Counter
-from typing import Iterable, Sequence
+from typing import Iterable, Optional, Sequence
 
 _ARTICLES = re.compile(r"\b(a|an|the)\b", re.UNICODE)
 _PUNCT = set(string.punctuation)
@@ -70,10 +70,78 @@ def f1(prediction: str, golds: str | Sequence[str]) -> float:
     return max((token_f1(prediction, g) for g in _as_golds(golds)), default=0.0)
 
 
+# Function words that carry no answer content: a sentence that restates the question around the
+# answer shares these with any gold, so content F1 leaves them out (articles are gone already).
+# Not retrieval's stopword list (evidence.mentions.stopwords): that one is part of the BM25 index key.
+FUNCTION_WORDS = frozenset("""
+    about above after again against all am and any are as at be because been before being below between both
+    but by can could did do does doing down during each few for from further had has have having he her here
+    hers herself him himself his how i if in into is it its itself just me more most my myself no nor not now
+    of off on once only or other our ours ourselves out over own same she should so some such than that their
+    theirs them themselves then there these they this those through to too under until up very was we were
+    what when where which while who whom why will with would you your yours yourself yourselves
+""".split())
+
+
+def content_tokens(text: str) -> list[str]:
+    """The normalized tokens of `text` that are not function words."""
+    return [t for t in normalize_answer(text).split() if t not in FUNCTION_WORDS]
+
+
+def content_f1(prediction: str, golds: str | Sequence[str]) -> float:
+    """Token F1 over content words (`content_tokens`), max over gold aliases.
+
+    "The capital of Nigeria is Abuja" scores 1/2 against "Abuja" (content: capital, nigeria,
+    abuja) where plain F1 gives 1/3: partial credit that rises as the answer sheds words. A gold
+    made only of function words ("The Who") is scored on all its tokens.
+    """
+    best = 0.0
+    for gold in _as_golds(golds):
+        gold_toks = content_tokens(gold)
+        if not gold_toks:
+            best = max(best, token_f1(prediction, gold))
+            continue
+        common = sum((Counter(content_tokens(prediction)) & Counter(gold_toks)).values())
+        if common:
+            precision, recall = common / len(content_tokens(prediction)), common / len(gold_toks)
+            best = max(best, 2 * precision * recall / (precision + recall))
+    return best
+
+
+def echoes(answer: str, sources: Iterable[str]) -> bool:
+    """Whether the normalized answer occurs, on token boundaries, in one of `sources` (the question,
+    the solver's own search queries): an answer that repeats what it was given or asked for."""
+    key = normalize_answer(answer)
+    return bool(key) and any(f" {key} " in f" {normalize_answer(s)} " for s in sources if isinstance(s, str))
+
+
 def cover_em(prediction: str, golds: str | Sequence[str]) -> float:
     """1.0 when some normalized gold is a substring of the normalized prediction (SPEC §5.4)."""
     pred = normalize_answer(prediction)
     return float(any((gold := normalize_answer(g)) and gold in pred for g in _as_golds(golds)))
+
+
+def fold_accents(text: str) -> str:
+    """`text` without combining marks ("Zürich" → "Zurich", "Ångström" → "Angstrom"), letters kept otherwise."""
+    return "".join(ch for ch in unicodedata.normalize("NFKD", text) if not unicodedata.combining(ch))
+
+
+def answer_aliases(names: Iterable[Optional[str]]) -> list[str]:
+    """The gold aliases of one task: `names` in order, each followed by its accent-folded spelling,
+    without a name that normalizes like an earlier one or to nothing.
+
+    Accent folding is an alias, not part of `normalize_answer`: EM stays comparable with
+    published numbers, and an answer written without accents still matches.
+    """
+    aliases: list[str] = []
+    seen: set[str] = set()
+    for name in names:
+        for alias in (name, fold_accents(name)) if isinstance(name, str) else ():
+            key = normalize_answer(alias)
+            if key and key not in seen:
+                seen.add(key)
+                aliases.append(alias.strip())
+    return aliases
 
 
 def contains_answer(passage_text: str, golds: str | Sequence[str]) -> bool:

@@ -75,9 +75,16 @@ class TrainSequence:
                    loss_mask=[0] * n_prompt + [1] * n_gen, advantage=float(advantage), old_logprobs=old)
 
 
+HEAD_MARK = " head:"  # see Verdict
+
+
 @dataclass(frozen=True)
 class Verdict:
-    """Outcome of one validation: `reason` is `ok` exactly when `ok` is True."""
+    """Outcome of one validation: `reason` is `ok` exactly when `ok` is True.
+
+    A target the corpus supports only by its head (`evidence.support_head`) ends its `detail`
+    with `HEAD_MARK` and the head ("PERSON head:Abuja"): the task then accepts the head too.
+    """
 
     ok: bool
     reason: str

@@ -36,6 +36,12 @@ RUN_CHARTS: list[tuple[str, list[tuple[str, str]], Optional[tuple[float, float]]
     ("searches per rollout", [("mean_searches", "searches")], None),
     ("solver groups (share)", [("mixed_groups", "mixed"), ("all_correct_groups", "all correct"),
                                ("all_wrong_groups", "all wrong")], SHARE),
+    ("solve rate of accepted tasks (share)", [("solve_rate_zero", "p = 0"), ("solve_rate_between", "0 < p < 1"),
+                                              ("solve_rate_one", "p = 1")], SHARE),
+    ("what the solver saw and said", [("answer_in_observation", "answer in observation"),
+                                      ("echo_rate", "echoed answers")], SHARE),
+    ("solver accuracy by hop count", [(f"accuracy_{k}hop", f"{k} hop") for k in range(1, 5)], SHARE),
+    ("hop curriculum level", [("curriculum_level", "level")], None),
 ]
 # Series of the compare page and of the last-quarter table: (key, title, y range)
 COMPARE_SERIES: list[tuple[str, str, Optional[tuple[float, float]]]] = [
@@ -46,6 +52,8 @@ COMPARE_SERIES: list[tuple[str, str, Optional[tuple[float, float]]]] = [
     ("hit@1", "ranker Hit@1", SHARE), ("hit@K", "ranker Hit@K", SHARE),
     ("accuracy", "solver accuracy on accepted tasks", SHARE), ("mean_searches", "searches per rollout", None),
     ("mixed_groups", "mixed solver groups (share)", SHARE), ("ranker_update_seqs", "sequences in ranker update", None),
+    ("solve_rate_between", "accepted tasks with 0 < p < 1", SHARE),
+    ("answer_in_observation", "rollouts shown an answer passage", SHARE), ("echo_rate", "echoed answers", SHARE),
 ]
 PER_STEP = [("proposer_reward", "proposer reward"), ("solver_reward", "solver reward"),
             ("ranker_reward", "ranker reward"), ("solver_format_valid", "solver fmt"),

@@ -34,6 +34,10 @@ METRIC_KEYS: dict[str, tuple[str, ...]] = {
     "accuracy": ("solver", "accuracy"), "mean_searches": ("solver", "mean_searches"),
     "ranker_calls": ("ranker", "calls"), "ranker_format_valid": ("ranker", "format_valid"),
     **{f"hit@{k}": ("ranker", f"hit@{k}") for k in range(1, 6)},  # the cutoffs a step records (solver.reward)
+    "echo_rate": ("solver", "echo_rate"), "answer_in_observation": ("solver", "answer_in_observation"),
+    **{f"solve_rate_{part}": ("solve_rate", part) for part in ("zero", "between", "one")},
+    **{f"accuracy_{k}hop": ("hops", "accuracy", str(k)) for k in range(1, 5)},  # evidence.max_hops ≤ 4
+    "curriculum_level": ("curriculum", "level"),
 }
 
 

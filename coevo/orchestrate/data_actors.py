@@ -54,7 +54,8 @@ class EvidenceWorker:
         corpus = open_corpus(cfg.corpus)
         retriever = build_retriever(corpus, cfg.retrieval)
         self.pipeline = EvidencePipeline.from_config(corpus, retriever, cfg.evidence,
-                                                     max_target_chars=cfg.proposer.max_target_chars)
+                                                     max_target_chars=cfg.proposer.max_target_chars,
+                                                     first_search_k=cfg.ranker.n_candidates)
 
     def ready(self) -> dict:
         return where()

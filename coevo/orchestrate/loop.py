@@ -9,6 +9,7 @@ from __future__ import annotations
 
 from typing import Any, Collection, Mapping, Sequence
 
+from coevo.core.choices import PathLength, path_length
 from coevo.core.config import CoevoConfig
 from coevo.core.types import SamplingParams, TrainSequence
 from coevo.orchestrate.records import candidate_record, step_metrics
@@ -35,14 +36,17 @@ def step_seed(seed: int, step: int) -> int:
 
 
 def coevolution_step(step: int, references: list[tuple[int, str]], actors: Any, cfg: CoevoConfig,
-                     seed: int, progress: Any = print) -> tuple[list[dict], dict]:
-    """Run one step of SPEC §2 and return (task-dump records, metrics)."""
+                     seed: int, progress: Any = print, hops: PathLength | int | None = None) -> tuple[list[dict], dict]:
+    """Run one step of SPEC §2 and return (task-dump records, metrics).
+
+    `hops`: this step's path length (the hop curriculum's level); None: `evidence.hops`.
+    """
     timer = StageTimer()
     actors = timer.metered(actors)  # tokens per stage (coevo/orchestrate/timing.py)
-    cands = propose_tasks(references, actors, cfg, seed, timer)
+    cands = propose_tasks(references, actors, cfg, seed, timer, hops)
     tasks = {make_task_id(step, pos, c): c for pos, c in enumerate(cands) if c.accepted}
     progress(f"step {step}: {len(tasks)}/{len(cands)} tasks accepted; solving with G={cfg.solver.group_size}")
-    todo = [Task(tid, c.question, [c.target], c.path.evidence_ids if c.path is not None else [])
+    todo = [Task(tid, c.question, c.answers, c.path.evidence_ids if c.path is not None else [])
             for tid, c in tasks.items()]
     with timer("solve"):
         episodes, groups, accuracy = solve_tasks(todo, actors, cfg, seed + 2)
@@ -62,18 +66,20 @@ def coevolution_step(step: int, references: list[tuple[int, str]], actors: Any, 
 
 
 def propose_tasks(references: list[tuple[int, str]], actors: Any, cfg: CoevoConfig, seed: int,
-                  timer: StageTimer | None = None) -> list[Candidate]:
+                  timer: StageTimer | None = None, hops: PathLength | int | None = None) -> list[Candidate]:
     """SPEC §3.1-3.4: call 1 → target checks → evidence paths → call 2 → question checks.
 
     Every candidate comes back with its verdicts; the accepted ones are the step's tasks.
+    `hops`: the path length asked for (None: `evidence.hops`).
     """
     timer = timer if timer is not None else StageTimer()
+    hops = path_length(cfg.evidence.hops, cfg.evidence.max_hops) if hops is None else hops
     with timer("target"):
         titles = grounding_titles(actors.retrieval, [q for _, q in references], cfg.proposer.grounding)
         cands = propose_targets(actors.proposer, references, cfg.proposer, seed, titles)
         check_targets(actors.evidence, cands)
     with timer("path"):
-        attach_paths(actors.evidence, cands, seed, direct=cfg.proposer.generation == "direct")
+        attach_paths(actors.evidence, cands, seed, direct=cfg.proposer.generation == "direct", hops=hops)
     with timer("question"):
         propose_questions(actors.proposer, cands, cfg.proposer, seed + 1)
         check_questions(actors.evidence, cands)

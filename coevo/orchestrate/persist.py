@@ -146,13 +146,16 @@ def checkpoint_due(step: int, steps: int, save_every: int) -> bool:
     return (step + 1) % save_every == 0 or step == steps - 1
 
 
-def save_step(run_dir: Path, step: int, cursor: int, actors: Any) -> Path:
-    """Checkpoint every trainable policy after `step`, then keep only the newest KEEP_CHECKPOINTS."""
+def save_step(run_dir: Path, step: int, cursor: int, actors: Any, extra: Optional[dict[str, Any]] = None) -> Path:
+    """Checkpoint every trainable policy after `step`, then keep only the newest KEEP_CHECKPOINTS.
+
+    `extra`: the run's other state for state.json (`hop_curriculum.checkpoint_state`), read back with `read_state`.
+    """
 
     def save(role: str, path: Path) -> None:
         actors.trainable[role].save(str(path))
 
-    path = save_checkpoint(run_dir, step, cursor, save, sorted(actors.trainable))
+    path = save_checkpoint(run_dir, step, cursor, save, sorted(actors.trainable), extra)
     prune_checkpoints(run_dir, keep=KEEP_CHECKPOINTS)
     return path
 

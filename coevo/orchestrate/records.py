@@ -4,6 +4,7 @@ from __future__ import annotations
 from collections import Counter
 from typing import Any, Callable, Optional, Sequence
 
+from coevo.core.scoring import echoes
 from coevo.core.stats import correctness_shares, mean
 from proposer.pipeline import Candidate
 from solver.agent import Episode
@@ -26,7 +27,8 @@ def _rate(n: int, d: int) -> Optional[float]:
 
 def step_metrics(cands: Sequence[Candidate], episodes: Sequence[Episode], groups: Sequence[Sequence[Any]],
                  top_k: int) -> dict[str, Any]:
-    """Acceptance by stage, difficulty histogram, searches, rewards, ranker Hit@k, group sizes."""
+    """Acceptance by stage, difficulty histogram, searches, rewards, ranker Hit@k, group sizes,
+    and what shows substance: echoed answers, answers in the observation, solve rates of accepted tasks."""
     n = len(cands)
     target_ok = sum(1 for c in cands if c.target_verdict.ok)
     with_path = sum(1 for c in cands if c.path is not None)
@@ -40,7 +42,8 @@ def step_metrics(cands: Sequence[Candidate], episodes: Sequence[Episode], groups
         "accuracy_hist": dict(Counter(f"{c.accuracy:.2f}" for c in accepted if c.accuracy is not None)),
         "solver": {"mean_searches": mean([ep.n_searches for ep in episodes]),
                    "format_valid": mean([float(ep.format_ok) for ep in episodes]),
-                   "accuracy": mean([c.accuracy for c in accepted if c.accuracy is not None])},
+                   "accuracy": mean([c.accuracy for c in accepted if c.accuracy is not None]),
+                   **answer_rates(episodes)},
         "reward": {"proposer": mean([c.reward for c in cands if c.reward is not None]),
                    "solver": mean([ep.reward for ep in episodes]),
                    "ranker": mean([c.reward for c in calls if c.reward is not None])},
@@ -48,6 +51,7 @@ def step_metrics(cands: Sequence[Candidate], episodes: Sequence[Episode], groups
                    "i_ans": mean([float(c.i_ans) for c in calls]), **hits,
                    "group_sizes": dict(Counter(len(g) for g in groups))},
         "groups": solver_group_shares(episodes),
+        "solve_rate": solve_rate_shares([c.accuracy for c in accepted if c.accuracy is not None]),
         "rejection": rejection_rates(cands),
         "multi_hop_share": _rate(sum(1 for c in accepted if c.path is not None and len(c.path) >= 2), len(accepted)),
         "hops": hop_metrics(accepted),
@@ -64,6 +68,25 @@ def hop_metrics(accepted: Sequence[Candidate]) -> dict[str, dict[str, Any]]:
     ks = sorted(by_hops)
     return {"tasks": {str(k): len(by_hops[k]) for k in ks},
             "accuracy": {str(k): mean([c.accuracy for c in by_hops[k] if c.accuracy is not None]) for k in ks}}
+
+
+def answer_rates(episodes: Sequence[Episode]) -> dict[str, Optional[float]]:
+    """`echo_rate`: share of well-formed answers that repeat the question or one of the rollout's own
+    queries (`coevo.core.scoring.echoes`; measured whether or not `solver.reward.echo_guard` is on);
+    `answer_in_observation`: share of rollouts shown a pseudo-relevant passage by some search (an
+    answer-bearing one under the default `ranker.relevance=answer`), the ceiling of their accuracy."""
+    answered = [ep for ep in episodes if ep.format_ok and ep.answer is not None]
+    echoed = sum(1 for ep in answered if echoes(ep.answer, [ep.task.question, *ep.sub_queries]))
+    seen = sum(1 for ep in episodes if any(any(call.ranked_relevant()) for call in ep.ranker_calls))
+    return {"echo_rate": _rate(echoed, len(answered)), "answer_in_observation": _rate(seen, len(episodes))}
+
+
+def solve_rate_shares(accuracies: Sequence[float]) -> dict[str, Optional[float]]:
+    """Shares of accepted tasks whose solve rate p is 0, strictly between 0 and 1, or 1: only the
+    middle ones give the proposer's difficulty reward and the solver's GRPO groups a signal."""
+    n = len(accuracies)
+    zero, one = sum(1 for p in accuracies if p <= 0), sum(1 for p in accuracies if p >= 1)
+    return {"n": n, "zero": _rate(zero, n), "between": _rate(n - zero - one, n), "one": _rate(one, n)}
 
 
 def solver_group_shares(episodes: Sequence[Episode]) -> dict[str, Optional[float]]:

@@ -1,11 +1,12 @@
 """Checkpoints and resume (SPEC §5.3).
 
 `<run_dir>/checkpoints/step_<n>/` holds one HF directory per trainable policy (written by
-its actor, optimizer state included), `state.json` (step, data cursor, driver RNG states)
-and a `COMPLETE` marker listing the size and SHA-256 of every other file. The directory is
-assembled under a temp name and renamed in one step, so a run killed at any moment leaves
-either a complete checkpoint or a `.tmp-*` leftover, which `remove_partial_checkpoints`
-deletes at the next start; pruning renames a checkpoint to `.old-*` before deleting it, likewise.
+its actor, optimizer state included), `state.json` (step, data cursor, driver RNG states,
+and the run's other state such as the hop curriculum's) and a `COMPLETE` marker listing the
+size and SHA-256 of every other file. The directory is assembled under a temp name and
+renamed in one step, so a run killed at any moment leaves either a complete checkpoint or a
+`.tmp-*` leftover, which `remove_partial_checkpoints` deletes at the next start; pruning
+renames a checkpoint to `.old-*` before deleting it, likewise.
 
 Resume trusts nothing it has not checked: `resumable_checkpoint` verifies the newest
 checkpoint against its marker (a file missing, truncated or changed since the save fails)
@@ -51,14 +52,18 @@ def restore_rng(state: dict[str, Any]) -> None:
     torch.set_rng_state(torch.tensor(state["torch"], dtype=torch.uint8))
 
 
-def save_checkpoint(run_dir: Path, step: int, cursor: int,
-                    save_policy: Callable[[str, Path], None], roles: list[str]) -> Path:
-    """Write checkpoint `step` atomically; `save_policy(role, dir)` writes one policy."""
+def save_checkpoint(run_dir: Path, step: int, cursor: int, save_policy: Callable[[str, Path], None],
+                    roles: list[str], extra: Optional[dict[str, Any]] = None) -> Path:
+    """Write checkpoint `step` atomically; `save_policy(role, dir)` writes one policy.
+
+    `extra`: more of the run's state for state.json (JSON values; e.g. the hop curriculum's under
+    "curriculum"); it cannot replace the keys this function writes.
+    """
     target = Path(run_dir) / "checkpoints" / step_name(step)
     with atomic_dir(target) as tmp:
         for role in roles:
             save_policy(role, tmp / role)
-        state = {"step": step, "cursor": cursor, "roles": roles, "rng": rng_state()}
+        state = {**(extra or {}), "step": step, "cursor": cursor, "roles": roles, "rng": rng_state()}
         atomic_write_text(tmp / "state.json", json.dumps(state))
         # Written last: its presence says every file it lists was written whole.
         atomic_write_text(tmp / MARKER, json.dumps({"format": MARKER_FORMAT, "files": file_manifest(tmp)}, indent=1))

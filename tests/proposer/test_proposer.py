@@ -251,3 +251,15 @@ def test_a_question_prompt_over_budget_is_rejected_with_its_reason_and_never_gen
     assert (cands[1].stage, cands[1].reason, cands[1].question) == ("question", "prompt_budget", None)
     assert cands[1].question_verdict == Verdict(False, "prompt_budget")
     assert cands[1].stages_passed == 3  # like a question that did not parse: target parse, validation, path
+
+
+def test_a_tasks_answers_are_the_target_its_supported_head_and_the_path_tail() -> None:
+    path = EvidencePath("Abuja, Nigeria", (Hop("Nigeria", "Abuja", "Abuja is the capital of Nigeria.", "p1", "Nigeria",
+                                                1.0, "capital"),))
+    cand = Candidate(0, "ref", 0, Completion([1], [2], "x", [-0.1], "eos"), target="Abuja, Nigeria",
+                     target_verdict=Verdict(True, "ok", ("p1",), "GPE head:Abuja"), path=path)
+    assert cand.answers == ["Abuja, Nigeria", "Abuja"]  # the tail repeats the head: one alias
+    cand.target_verdict = Verdict(True, "ok", ("p1",), "GPE")  # the whole target was supported
+    cand.path = dataclasses.replace(path, hops=(dataclasses.replace(path.hops[0], tail="Zürich"),))
+    assert cand.answers == ["Abuja, Nigeria", "Zürich", "Zurich"]
+    assert cand.to_record(None, [], {})["answers"] == cand.answers

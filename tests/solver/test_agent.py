@@ -7,7 +7,17 @@ from hypothesis import strategies as st
 
 from coevo.core.budget import PromptBudgetError, check_prompts_fit
 from coevo.core.config import RankerConfig, SolverConfig
-from solver.agent import Action, Task, observation_text, parse_action, run_episodes
+from coevo.core.scoring import normalize_answer as normalize
+from solver.agent import (
+    DEMO_ANSWER,
+    DEMO_QUESTION,
+    Action,
+    Task,
+    observation_text,
+    parse_action,
+    run_episodes,
+    solver_messages,
+)
 from solver.ranker import Ranker, SearchTool, strip_eos
 
 TASK = Task("t1", "What is the capital of France?", ["Paris"], ["p3"])
@@ -277,3 +287,16 @@ def test_missing_logprobs_make_episode_logprobs_none(scripted_policy, make_tool)
     tool, _ = make_tool()
     (ep,) = run_episodes(NoLogprobs(search_then_answer), [TASK], tool, solver_cfg())
     assert ep.logprobs is None and ep.format_ok
+
+
+def test_demo_searches_twice_and_answers_what_no_query_names():
+    """The demonstrated episode must not teach "search the subject once, echo it": two searches,
+    each a well-formed turn, and an answer found in the last observation but in no query or the question."""
+    demo = solver_messages("Who founded Rome?", max_searches=3)[2]["content"]
+    turns = [t for t in demo.split("</information>\n") if t.strip()]
+    actions = [parse_action(t.split("\n<information>")[0]) for t in turns]
+    assert [a.kind for a in actions] == ["search", "search", "answer"]
+    assert actions[-1].content == DEMO_ANSWER
+    answer = normalize(DEMO_ANSWER)
+    assert all(answer not in normalize(text) for text in [DEMO_QUESTION, actions[0].content, actions[1].content])
+    assert answer in normalize(turns[1])

@@ -66,6 +66,16 @@ def test_length_mismatch_raises():
         solver_rewards([1], [1, 2], [True])
 
 
+def test_echo_guard_scores_an_echoed_query_wrong_and_content_f1_pays_partial_credit():
+    gold = ["Abuja"]
+    assert correctness("Abuja", gold, "em", echo_of=["Nigeria capital", "Abuja"]) == 0.0  # echoes its own query
+    assert correctness("Abuja", gold, "em", echo_of=["What is the capital of Nigeria?", "Nigeria capital"]) == 1.0
+    assert correctness("The capital is Abuja", gold, "f1_content") == pytest.approx(2 / 3)
+    assert correctness("The capital is Abuja", gold, "f1") == pytest.approx(0.5)
+    with pytest.raises(ValueError, match="expected one of \\['em', 'f1', 'f1_content'\\]"):
+        correctness("x", gold, "acc")
+
+
 def test_correctness_em_f1_and_no_answer():
     assert correctness("The Paris", ["paris"], "em") == 1.0
     assert correctness("Paris France", ["paris"], "em") == 0.0

@@ -51,3 +51,24 @@ def test_ranker_batch_keep_zero_advantage():
     assert [round(s.advantage, 4) for s in kept] == [0.7071, -0.7071, 0.0, 0.0, 0.0]
     for seq in kept:  # prompt masked out, completion trained, old logprobs aligned
         assert seq.loss_mask == [0, 0, 1, 1, 1] and seq.old_logprobs == pytest.approx([0.0, 0.0, -0.1, -0.1, -0.1])
+
+
+def _rollout(answer, queries, searches=1):
+    task = SimpleNamespace(id="t1", question="Which city is the capital of Nigeria?",
+                           answers=["Abuja, Nigeria", "Abuja"])
+    return SimpleNamespace(task=task, task_id="t1", answer=answer, format_ok=True, sub_queries=queries,
+                           n_searches=searches, correctness=None, reward=None)
+
+
+@pytest.mark.parametrize("guard, expected", [(False, [1.0, 1.0, 0.0]), (True, [0.0, 1.0, 0.0])])
+def test_the_echo_guard_scores_an_answer_that_repeats_its_query_wrong(guard, expected):
+    from coevo.core.role_config import SolverConfig, SolverRewardConfig
+    from solver.training import score_solver
+
+    eps = [_rollout("Abuja", ["Abuja"]),  # searched for the answer itself, then repeated it
+           _rollout("Abuja", ["capital of Nigeria"]),  # found it: the head alias scores it correct
+           _rollout("Lagos", ["Nigeria"])]
+    cfg = SolverConfig(reward=SolverRewardConfig(echo_guard=guard))
+    accuracy = score_solver(eps, cfg)
+    assert [ep.correctness for ep in eps] == expected
+    assert accuracy == {"t1": pytest.approx(sum(expected) / 3)}

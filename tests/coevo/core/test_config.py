@@ -61,7 +61,7 @@ def test_unknown_key_named():
     ("ranker.relevance=x", "ranker.relevance", "answer, evidence, both"),
     ("retrieval.backend=bm99", "retrieval.backend", "bm25s, rank_bm25, dense_minilm, dense_faiss, http"),
     ("retrieval.index_type=IVF", "retrieval.index_type", "flat, hnsw, ivf_pq"),
-    ("solver.reward.correctness=acc", "solver.reward.correctness", "em, f1"),
+    ("solver.reward.correctness=acc", "solver.reward.correctness", "em, f1, f1_content"),
     ("proposer.reward=linear", "proposer.reward", "abs, quadratic, adversarial"),
     ("rollout.engine=tpu", "rollout.engine", "hf, vllm"),
     ("solver.engine=tpu", "solver.engine", "hf, vllm"),
@@ -85,6 +85,26 @@ def test_bad_enum_values_in_other_roots(root, override, key, choices):
 def test_bad_range_names_key():
     with pytest.raises(ValueError, match=r"ranker\.top_k"):
         to_object(compose(["ranker.top_k=20"]))
+
+
+@pytest.mark.parametrize("overrides, message", [
+    (["evidence.hops=4"], r"evidence\.hops='4' is not a path length: expected one of longest, sampled or a number "
+                          r"of hops 1\.\.3"),
+    (["evidence.hops=shortest"], r"evidence\.hops='shortest'"),
+    (["proposer.curriculum.down=0.6"], r"proposer\.curriculum\.down=0\.6 is not below proposer\.curriculum\.up"),
+    (["proposer.curriculum.enabled=true", "evidence.hops=2"], r"evidence\.hops=2 with proposer\.curriculum"),
+    (["proposer.curriculum.enabled=true", "proposer.generation=direct"], r"generation=direct"),
+    (["evidence.retrievable_k=0"], r"evidence\.retrievable_k=0 is out of range"),
+])
+def test_path_length_and_curriculum_keys_are_checked(overrides, message):
+    with pytest.raises(ValueError, match=message):
+        to_object(compose(overrides))
+
+
+def test_path_length_values():
+    assert to_object(compose(["evidence.hops=2"])).evidence.hops == "2"
+    assert to_object(compose(["evidence.hops=4", "evidence.max_hops=4"])).evidence.hops == "4"
+    assert to_object(compose(["evidence.hops=sampled"])).evidence.hops == "sampled"
 
 
 def test_enums_behave_as_strings():
@@ -158,6 +178,7 @@ def test_learning_levers_default_to_todays_behaviour():
     assert not cfg.proposer.invalid_penalty_by_stage and cfg.proposer.reward == "abs"
     assert cfg.ranker.reasoning and not cfg.ranker.prime_tag and not cfg.evidence.support_head
     assert not any(getattr(cfg, role).keep_zero_advantage for role in ("proposer", "solver", "ranker"))
+    assert cfg.evidence.hops == "longest" and not cfg.proposer.curriculum.enabled and not cfg.evidence.retrievable
 
 
 # Run 5's overrides in docs/learning.md (the command its curves come from), written out by hand.
@@ -172,10 +193,14 @@ RUN5_OVERRIDES = [
 ]
 
 
+# Levers the preset gained after run 5 (the issue "The solver learns to answer"): off by default.
+AFTER_RUN5 = ["proposer.curriculum.enabled=true", "evidence.retrievable=true"]
+
+
 def test_small_learning_preset_is_run_5s_configuration():
     run_dir = ["run.dir=runs/x"]  # the default run dir is a timestamp
     preset = dataclasses.asdict(to_object(compose(["experiment=small_learning"] + run_dir)))
-    run5 = dataclasses.asdict(to_object(compose(RUN5_OVERRIDES + run_dir)))
+    run5 = dataclasses.asdict(to_object(compose(RUN5_OVERRIDES + AFTER_RUN5 + run_dir)))
     assert preset.pop("experiment_name") == "small_learning"
     run5.pop("experiment_name")
     assert preset == run5

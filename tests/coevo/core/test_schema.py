@@ -35,7 +35,8 @@ def test_the_message_names_where_the_key_is_missing_and_the_keys_there():
     with pytest.raises(ValueError) as err:
         compose(["+solver.reward.x=1"])
     assert str(err.value) == ("unknown config key 'solver.reward.x': ('x' is not a key of solver.reward; expected one "
-                              "of ['correctness', 'tool_cost', 'format_penalty']; --help lists every key)")
+                              "of ['correctness', 'echo_guard', 'tool_cost', 'format_penalty']; "
+                              "--help lists every key)")
     with pytest.raises(ValueError, match=r"^unknown config key 'seed\.x': \(seed has no sub-keys; "):
         compose(["+seed.x=1"])
 

@@ -4,10 +4,14 @@ from hypothesis import given
 from hypothesis import strategies as st
 
 from coevo.core.scoring import (
+    answer_aliases,
     contains_answer,
+    content_f1,
     cover_em,
+    echoes,
     exact_match,
     f1,
+    fold_accents,
     normalize_answer,
     punctuation_to_spaces,
     token_f1,
@@ -70,3 +74,36 @@ def test_punctuation_to_spaces():
     assert normalize_answer(punctuation_to_spaces("Spider-Man")) == "spider man"
     assert normalize_answer("Spider-Man") == "spiderman"  # answer scoring keeps the SQuAD deletion
     assert punctuation_to_spaces(None) == ""
+
+
+def test_aliases_keep_order_add_accent_folds_and_drop_repeats_and_blanks() -> None:
+    assert fold_accents("Zürich Ångström") == "Zurich Angstrom"
+    assert answer_aliases(["Zürich", None, "zurich", "  ", "The Zürich", "Abuja"]) == ["Zürich", "Zurich", "Abuja"]
+    assert answer_aliases([]) == []
+    aliases = answer_aliases(["Abuja, Nigeria", "Abuja"])
+    assert exact_match("abuja", aliases) == 1.0 and exact_match("Zurich", answer_aliases(["Zürich"])) == 1.0
+    assert normalize_answer("Zürich") == "zürich"  # folding is an alias, never part of the normalization
+
+
+@pytest.mark.parametrize("prediction,gold,expected", [
+    ("Abuja", "Abuja", 1.0),
+    ("The capital of Nigeria is Abuja", "Abuja", 0.5),  # content: capital nigeria abuja -> P 1/3, R 1
+    ("it is in the city of Abuja", "Abuja", 2 / 3),  # content: city abuja -> P 1/2, R 1
+    ("Lagos", "Abuja", 0.0),
+    ("the who", "The Who", 1.0),  # a gold of function words only is scored on all its tokens
+    ("of the", "Abuja", 0.0),
+])
+def test_content_f1_by_hand(prediction, gold, expected) -> None:
+    assert content_f1(prediction, gold) == pytest.approx(expected)
+    assert content_f1(prediction, ["nothing here", gold]) == pytest.approx(expected)  # max over aliases
+
+
+def test_echoes_on_token_boundaries() -> None:
+    assert echoes("Abuja", ["Where is Abuja?"]) and echoes("the Niger river", ["", "niger river length"])
+    assert not echoes("Abu", ["What is Abuja?"]) and not echoes("", ["anything"]) and not echoes("x", [])
+
+
+@given(st.text(max_size=40), st.lists(st.text(max_size=40), max_size=3))
+def test_content_f1_and_echoes_never_raise(prediction, golds) -> None:
+    assert 0.0 <= content_f1(prediction, golds) <= 1.0
+    assert echoes(prediction, golds) in (True, False)

@@ -107,7 +107,8 @@ def test_old_dump_loads_like_a_new_one(tmp_path):
     old_loaded, _ = load_run(_write_run(tmp_path / "old", old_records()))
     assert summarize(old_loaded) == summarize(new_loaded)
     assert summarize(new_loaded)["mean_searches_solved"] == 1.0  # reads the renamed rollout keys
-    assert old_loaded == new_loaded
+    # old dumps predate the task's gold aliases (`answers`); everything else reads the same
+    assert old_loaded == [{k: v for k, v in r.items() if k != "answers"} for r in new_loaded]
     assert normalize_record(new_loaded[0]) == new_loaded[0]  # idempotent on today's records
 
 

@@ -1,8 +1,9 @@
-"""Benchmark (not a test): does co-evolution learn? A trained arm against a frozen control (issue 11).
+"""Benchmark (not a test): does co-evolution learn? A trained arm against a frozen control.
 
-    .venv/bin/python bench/learning.py [--steps 4] [--eval-limit 2] [--out DIR] [--png FILE] [--ray]
-        [--seed 0] [--arm-timeout S] [--parallel] [--eval-arg KEY=VALUE ...] [-- HYDRA_OVERRIDES...]
-    .venv/bin/python bench/learning.py --steps 2 --eval-limit 1 -- experiment=smoke   # tiny models, minutes
+    .venv/bin/python bench/learning.py [--steps 4] [--eval-limit 70] [--eval-data FILE] [--eval-rollout vllm|hf]
+        [--out DIR] [--png FILE] [--ray] [--seed 0] [--arm-timeout S] [--parallel] [--eval-arg KEY=VALUE ...]
+        [-- HYDRA_OVERRIDES...]
+    .venv/bin/python bench/learning.py --steps 2 --eval-limit 1 --eval-rollout hf -- experiment=smoke  # minutes
 
 Runs `python -m coevo.run` twice, one arm after the other (`--parallel`: both at once, each
 arm then its eval), with the same seed, data and
@@ -12,10 +13,11 @@ subprocess (`ray.local=true` unless `--ray`), so its processes are gone when it 
 dir is `<out>/<arm>` (default out: runs/learning-<stamp>), its output goes to
 `<out>/<arm>-run.log` and, prefixed, to stderr. Then `python -m coevo.eval mode=agent` evaluates
 each arm's final solver with its ranker on the first `--eval-limit` questions of each dataset
-of `$COEVO_SHARED_DATA/benchmarks/dev.jsonl` (the overrides after `--` and `--eval-arg` apply;
-the corpus is the eval default unless one of them sets it). Trained: the latest checkpoint's
-solver (and ranker, `ranker.mode=trainable`, when one was trained); control: the initial
-weights. Both use the run's `ranker.mode`. `--eval-limit 0` skips evaluation.
+of `--eval-data` (default `$COEVO_SHARED_DATA/wiki_mini/questions_dev.jsonl`, whose answer
+passages are all in the eval's default corpus wiki_mini: 70 per dataset = 212 questions), with
+`rollout=<--eval-rollout>` (default vllm) and the overrides after `--`, then `--eval-arg`.
+Trained: the latest checkpoint's solver (and ranker, `ranker.mode=trainable`, when one was
+trained); control: the initial weights. Both use the run's `ranker.mode`. `--eval-limit 0` skips evaluation.
 
 Stdout is ONE JSON line, also written atomically to `<out>/learning.json` (rewritten after each
 phase, so a killed benchmark leaves what it had); a PNG of the main curves goes to `--png`
@@ -49,7 +51,8 @@ with nothing to count is null.
   its groups without reward variance (null when not reported)}; step_s: seconds of the step.
 `eval` (macro average over datasets, from the coevo.eval result file): em, f1, cover_em,
 format_failure (share of episodes without a well-formed answer), searches (mean per question),
-n (questions), file, checkpoint (null: initial weights), command, eval_s, error (null when fine).
+n (questions), per_dataset ({dataset: {em, f1, n}}), file, checkpoint (null: initial weights),
+command, eval_s, error (null when fine).
 """
 from __future__ import annotations
 
@@ -87,10 +90,14 @@ PANELS = [("task_acceptance", "task acceptance"), ("solver_format_valid", "solve
 # ---- eval summary (pure) -------------------------------------------------------------------
 
 def eval_summary(result: dict) -> dict[str, Any]:
-    """The macro-averaged numbers of a coevo.eval result."""
-    avg = (result.get("metrics") or {}).get("average") or {}
+    """The macro-averaged numbers of a coevo.eval result, and EM/F1/n of each dataset (`per_dataset`)."""
+    metrics = result.get("metrics") or {}
+    avg = metrics.get("average") or {}
+    per_dataset = {name: {"em": m.get("em"), "f1": m.get("f1"), "n": m.get("n")}
+                   for name, m in metrics.items() if name != "average" and isinstance(m, dict)}
     return {"em": avg.get("em"), "f1": avg.get("f1"), "cover_em": avg.get("cover_em"),
-            "format_failure": avg.get("format_failure"), "searches": avg.get("mean_searches"), "n": avg.get("n")}
+            "format_failure": avg.get("format_failure"), "searches": avg.get("mean_searches"), "n": avg.get("n"),
+            "per_dataset": per_dataset}
 
 
 # ---- subprocesses ---------------------------------------------------------------------------
@@ -205,7 +212,8 @@ def evaluate_arm(arm: str, args: argparse.Namespace, out: Path, mode: str) -> di
     if error:
         return result
     path = out / f"{arm}-eval.json"
-    cmd = [sys.executable, "-m", "coevo.eval", *args.overrides, *args.eval_arg, "mode=agent",
+    cmd = [sys.executable, "-m", "coevo.eval", *args.overrides, f"rollout={args.eval_rollout}", *args.eval_arg,
+           "mode=agent",
            f"data={args.eval_data}", f"limit={args.eval_limit}", f"seed={args.seed}", f"out={path}", *own]
     print(f"== eval {arm}: {_shown(cmd)}", file=sys.stderr, flush=True)
     rc, tail, seconds = run_logged(cmd, out / f"{arm}-eval.log", f"eval {arm}", args.arm_timeout,
@@ -265,9 +273,13 @@ def parse_args(argv: Sequence[str]) -> argparse.Namespace:
     cut = argv.index("--") if "--" in argv else len(argv)
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--steps", type=int, default=4, help="co-evolution steps per arm")
-    parser.add_argument("--eval-limit", type=int, default=2, help="questions per dataset in the eval (0: no eval)")
+    parser.add_argument("--eval-limit", type=int, default=70,
+                        help="questions per dataset in the eval (0: no eval; 70 on wiki_mini dev: 212 questions)")
     parser.add_argument("--eval-data", type=Path, default=Path(os.environ.get("COEVO_SHARED_DATA", "../shared/data"))
-                        / "benchmarks" / "dev.jsonl")
+                        / "wiki_mini" / "questions_dev.jsonl",
+                        help="questions whose answer passages are in the eval corpus (default wiki_mini's dev set)")
+    parser.add_argument("--eval-rollout", choices=("hf", "vllm"), default="vllm",
+                        help="rollout engine of the evals (the arms' runs use the overrides' one)")
     parser.add_argument("--eval-arg", action="append", default=[], help="extra override for the evals only")
     parser.add_argument("--out", type=Path, default=None, help="default runs/learning-<stamp>")
     parser.add_argument("--png", type=Path, default=None, help="default <out>/learning.png")

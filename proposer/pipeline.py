@@ -18,7 +18,7 @@ from coevo.core.budget import over_budget
 from coevo.core.choices import PathLength
 from coevo.core.config import ProposerConfig
 from coevo.core.grpo import group_advantages
-from coevo.core.scoring import answer_aliases
+from coevo.core.scoring import answer_aliases, echoes
 from coevo.core.types import HEAD_MARK, Completion, EvidencePath, SamplingParams, TrainSequence, Verdict
 from proposer.hops import NO_PATH_OF_K_HOPS, choose_path
 from proposer.prompts import parse_question, parse_target, question_messages, target_messages
@@ -72,6 +72,15 @@ class Candidate:
         head = detail.split(HEAD_MARK, 1)[1] if self.target_verdict.ok and HEAD_MARK in detail else None
         tail = self.path.hops[-1].tail if self.path is not None and self.path.hops else None
         return answer_aliases([self.target, head, tail])
+
+    @property
+    def guide(self) -> list[str]:
+        """The path replayed as searches, one per hop: each hop's head entity, the name the hop's passage
+        is found by; a head that contains an answer is left out (a guided answer never echoes its query)."""
+        if self.path is None:
+            return []
+        answers = self.answers
+        return [hop.head for hop in self.path.hops if not any(echoes(a, [hop.head]) for a in answers)]
 
     @property
     def stages_passed(self) -> int:

@@ -69,6 +69,7 @@ class Task:
     question: str
     answers: list[str]
     evidence_ids: list[str] = field(default_factory=list)
+    guide: list[str] = field(default_factory=list)  # the path's search queries, hop by hop (`solver.guided_rollouts`)
 
 
 class Action(NamedTuple):
@@ -98,6 +99,7 @@ class Episode:
     n_turns: int = 0
     correctness: float = 0.0  # filled by the reward step
     reward: float = 0.0  # filled by the reward step
+    guided: bool = False  # its turns replay the task's path (`solver.guided_rollouts`), not samples
 
     @property
     def task_id(self) -> str:
@@ -122,7 +124,8 @@ class Episode:
         return {"rollout_idx": self.rollout_idx, "transcript": transcript, "answer": self.answer,
                 "format_ok": self.format_ok, "end_reason": self.end_reason, "correctness": self.correctness,
                 "n_searches": self.n_searches, "sub_queries": self.sub_queries, "reward": self.reward,
-                "n_generated": self.n_generated, "ranker_calls": [c.to_record() for c in self.ranker_calls]}
+                "n_generated": self.n_generated, "guided": self.guided,
+                "ranker_calls": [c.to_record() for c in self.ranker_calls]}
 
 
 class SolverPolicy(Protocol):
@@ -280,12 +283,43 @@ def _observe(episodes: list[Episode], queries: list[str], search_tool: SearchToo
             ep.logprobs += [0.0] * len(obs_ids)
 
 
+class _GuideTurn(NamedTuple):
+    """A turn the guide writes instead of the policy: no sampling log-probs, so the policy recomputes them."""
+
+    token_ids: list[int]
+    text: str
+    logprobs: None = None
+
+
+def guide_turn(ep: Episode, tokenizer: Any, cfg: Any, primed: bool) -> _GuideTurn:
+    """The next turn of a guided rollout: the path's next search while the episode's budgets allow
+    (the last hops when the path is longer), then `<answer>target</answer>`."""
+    room = max(0, min(cfg.max_searches, cfg.max_turns - 1))
+    queries = ep.task.guide[-room:] if room else []
+    if ep.n_turns < len(queries):
+        text = f"<search>{queries[ep.n_turns]}</search>"
+    else:
+        text = f"<answer>{ep.task.answers[0]}</answer>"
+    text = text[len(TURN_PRIME):] if primed else text  # the primed "<" is already in the prompt
+    return _GuideTurn(_encode(tokenizer, text), text)
+
+
+def _turn_outputs(solver: SolverPolicy, live: list[Episode], params: SamplingParams, prime: list[int],
+                  cfg: Any) -> list[Any]:
+    """One completion per live episode: one batched `generate` for the sampled ones, the guide for the rest."""
+    sampled = [ep for ep in live if not ep.guided]
+    generated = iter(solver.generate([list(ep.token_ids) + prime for ep in sampled], params) if sampled else [])
+    return [guide_turn(ep, solver.tokenizer, cfg, bool(prime)) if ep.guided else next(generated)[0] for ep in live]
+
+
 def run_episodes(solver: SolverPolicy, tasks: Sequence[Task], search_tool: SearchTool, cfg: Any,
                  sampling: Optional[SamplingParams] = None, group_size: Optional[int] = None) -> list[Episode]:
     """G = `group_size` (default `cfg.group_size`) rollouts per task, task-major order.
 
     `cfg` is a SolverConfig (max_searches, max_turns, max_episode_tokens and, when
-    `sampling` is None, temperature/top_p/max_new_tokens).
+    `sampling` is None, temperature/top_p/max_new_tokens). With `solver.guided_rollouts` the last
+    of G > 1 rollouts of a task with a `guide` replays the task's path (`guide_turn`): its search
+    results are real, it is scored like any other rollout, and its tokens train like sampled ones.
     """
     n_rollouts = group_size or cfg.group_size
     params = _turn_sampling(cfg, sampling)
@@ -293,15 +327,17 @@ def run_episodes(solver: SolverPolicy, tasks: Sequence[Task], search_tool: Searc
     episodes = []
     for task in tasks:
         prompt_ids = solver.chat_prompt_ids(solver_messages(task.question, cfg.max_searches))
-        episodes += [_new_episode(task, i, prompt_ids, cfg, len(prime)) for i in range(n_rollouts)]
+        group = [_new_episode(task, i, prompt_ids, cfg, len(prime)) for i in range(n_rollouts)]
+        group[-1].guided = bool(getattr(cfg, "guided_rollouts", False) and task.guide and task.answers
+                                and n_rollouts > 1)
+        episodes += group
     for turn in range(cfg.max_turns):
         live = [ep for ep in episodes if not ep.done]
         if not live:
             break
-        outputs = solver.generate([list(ep.token_ids) + prime for ep in live], params)
         searching, queries = [], []
-        for ep, completions in zip(live, outputs):
-            query = _apply_turn(ep, completions[0], solver.tokenizer, cfg, prime)
+        for ep, completion in zip(live, _turn_outputs(solver, live, params, prime, cfg)):
+            query = _apply_turn(ep, completion, solver.tokenizer, cfg, prime)
             if query is not None:
                 searching.append(ep)
                 queries.append(query)

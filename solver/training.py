@@ -28,9 +28,11 @@ def episodes_by_task(episodes: Sequence[Any]) -> dict[str, list[Any]]:
 def score_solver(episodes: Sequence[Any], cfg: SolverConfig) -> dict[str, float]:
     """Fill `correctness` and `reward` of every episode; return accuracy per task.
 
-    Accuracy p (the proposer's difficulty signal) is the share of rollouts whose answer is
-    an exact match: for F1 correctness too, so "solved" keeps one meaning in the dumps. With
-    `solver.reward.echo_guard` an echoed answer (`coevo.core.scoring.echoes`) counts as wrong in both.
+    Accuracy p (the proposer's difficulty signal) is the share of sampled rollouts whose answer is
+    an exact match: for F1 correctness too, so "solved" keeps one meaning in the dumps. A guided
+    rollout (`solver.guided_rollouts`) gets its reward but no say in p: it answers the target by
+    construction. With `solver.reward.echo_guard` an echoed answer (`coevo.core.scoring.echoes`)
+    counts as wrong in both.
     """
     accuracy = {}
     for task_id, eps in episodes_by_task(episodes).items():
@@ -42,8 +44,9 @@ def score_solver(episodes: Sequence[Any], cfg: SolverConfig) -> dict[str, float]
                                  [ep.format_ok for ep in eps], cfg.reward.tool_cost, cfg.reward.format_penalty)
         for ep, r in zip(eps, rewards):
             ep.reward = r
+        sampled = [(ep, echo) for ep, echo in zip(eps, echo_of) if not ep.guided]
         accuracy[task_id] = sum(correctness(ep.answer, golds, "em", echo) if ep.format_ok else 0.0
-                                for ep, echo in zip(eps, echo_of)) / len(eps)
+                                for ep, echo in sampled) / len(sampled) if sampled else 0.0
     return accuracy
 
 

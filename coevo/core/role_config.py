@@ -117,6 +117,7 @@ class SolverConfig(PolicyConfig):
     max_turns: int = 4  # generation turns per episode (searches + final answer)
     max_episode_tokens: int = 1536  # total episode tokens (prompt + turns + observations)
     prime_tag: bool = False  # every turn's prompt ends with "<": small models start a tag, still choosing which
+    guided_rollouts: bool = False  # the last rollout of a task with a path replays it: hop searches, then its target
     reward: SolverRewardConfig = field(default_factory=SolverRewardConfig)
 
 

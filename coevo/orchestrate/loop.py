@@ -46,7 +46,7 @@ def coevolution_step(step: int, references: list[tuple[int, str]], actors: Any, 
     cands = propose_tasks(references, actors, cfg, seed, timer, hops)
     tasks = {make_task_id(step, pos, c): c for pos, c in enumerate(cands) if c.accepted}
     progress(f"step {step}: {len(tasks)}/{len(cands)} tasks accepted; solving with G={cfg.solver.group_size}")
-    todo = [Task(tid, c.question, c.answers, c.path.evidence_ids if c.path is not None else [])
+    todo = [Task(tid, c.question, c.answers, c.path.evidence_ids if c.path is not None else [], c.guide)
             for tid, c in tasks.items()]
     with timer("solve"):
         episodes, groups, accuracy = solve_tasks(todo, actors, cfg, seed + 2)

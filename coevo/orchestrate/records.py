@@ -30,6 +30,7 @@ def step_metrics(cands: Sequence[Candidate], episodes: Sequence[Episode], groups
     """Acceptance by stage, difficulty histogram, searches, rewards, ranker Hit@k, group sizes,
     and what shows substance: echoed answers, answers in the observation, solve rates of accepted tasks."""
     n = len(cands)
+    sampled = [ep for ep in episodes if not ep.guided]  # what the policy did: guided replays left out
     target_ok = sum(1 for c in cands if c.target_verdict.ok)
     with_path = sum(1 for c in cands if c.path is not None)
     accepted = [c for c in cands if c.accepted]
@@ -40,10 +41,10 @@ def step_metrics(cands: Sequence[Candidate], episodes: Sequence[Episode], groups
         "acceptance": {"target": _rate(target_ok, n), "path": _rate(with_path, n), "task": _rate(len(accepted), n)},
         "reasons": dict(Counter(c.reason for c in cands if not c.accepted)),
         "accuracy_hist": dict(Counter(f"{c.accuracy:.2f}" for c in accepted if c.accuracy is not None)),
-        "solver": {"mean_searches": mean([ep.n_searches for ep in episodes]),
-                   "format_valid": mean([float(ep.format_ok) for ep in episodes]),
+        "solver": {"mean_searches": mean([ep.n_searches for ep in sampled]),
+                   "format_valid": mean([float(ep.format_ok) for ep in sampled]),
                    "accuracy": mean([c.accuracy for c in accepted if c.accuracy is not None]),
-                   **answer_rates(episodes)},
+                   "guided": sum(1 for ep in episodes if ep.guided), **answer_rates(sampled)},
         "reward": {"proposer": mean([c.reward for c in cands if c.reward is not None]),
                    "solver": mean([ep.reward for ep in episodes]),
                    "ranker": mean([c.reward for c in calls if c.reward is not None])},

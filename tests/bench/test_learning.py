@@ -108,7 +108,8 @@ def test_eval_summary_reads_the_macro_average(learning):
                                                           "cover_em": 0.375, "format_failure": 0.75,
                                                           "mean_searches": 1.5}}}
     assert learning.eval_summary(result) == {"em": 0.25, "f1": 0.5, "cover_em": 0.375, "format_failure": 0.75,
-                                             "searches": 1.5, "n": 7}
+                                             "searches": 1.5, "n": 7,
+                                             "per_dataset": {"nq": {"em": 1.0, "f1": None, "n": None}}}
 
 
 def test_eval_overrides_name_the_latest_checkpoint(learning, tmp_path):

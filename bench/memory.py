@@ -1,4 +1,4 @@
-"""Benchmark (not a test): memory of the whole `coevo.solve` process tree, per stage, per batch size (issue 17).
+"""Benchmark (not a test): memory of the whole `coevo.solve` process tree, per stage, per batch size.
 
     .venv/bin/python bench/memory.py [--engines hf vllm] [--sizes 8 16 32] [--steps 20] [--long-size 16]
         [--size-steps 3] [--group-size 4] [--model-args HYDRA_OVERRIDE ...] [--out FILE] [--png FILE]

@@ -1,4 +1,4 @@
-"""Benchmark (not a test): retrieval at 100k-3M passages on this machine, one JSON line per size (issue 13).
+"""Benchmark (not a test): retrieval at 100k-3M passages on this machine, one JSON line per size.
 
     .venv/bin/python bench/scale.py [--sizes 100000,1000000,3000000] [--kinds bm25s,flat,hnsw]
         [--work runs/scale] [--queries 256] [--annotation lazy] [--stats-sample 20000] [--targets 21]

@@ -1,4 +1,4 @@
-"""Per-passage entity annotations on disk, shared by processes: the lazy index's cache (issue 13).
+"""Per-passage entity annotations on disk, shared by processes: the lazy index's cache.
 
 `evidence.annotation=lazy` annotates a passage the first time retrieval reaches it
 (evidence/lazy_entities.py). The records (`spacy_ner.annotate_records`'s `(title key,

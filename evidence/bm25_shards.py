@@ -1,4 +1,4 @@
-"""A bm25s index built in shards merged on disk: memory bounded by a shard, not by the corpus (issue 13).
+"""A bm25s index built in shards merged on disk: memory bounded by a shard, not by the corpus.
 
 `bm25s.BM25.index` holds the whole tokenized corpus as Python lists plus three arrays of every
 (passage, token) pair: 7.0 GB at 1M passages here, ≈ 145 GB at wiki-18's 21M (docs/scale.md).

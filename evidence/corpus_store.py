@@ -1,4 +1,4 @@
-"""A corpus file packed once into memory-mapped arrays, shared by every process on the machine (issue 13).
+"""A corpus file packed once into memory-mapped arrays, shared by every process on the machine.
 
 `load_corpus` turns a file into one `Passage` object per passage in each process that loads it:
 at wiki-18 size (21M passages) that is tens of GB in the retrieval actor and again in the evidence

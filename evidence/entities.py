@@ -1,4 +1,4 @@
-"""Entity mentions and the cached per-corpus entity index (SPEC §3.3, issue 3).
+"""Entity mentions and the cached per-corpus entity index (SPEC §3.3).
 
 `normalize_entity` is the one entity normalizer (built on the §5.4 answer normalization).
 `build_entity_index(corpus)` runs spaCy once over a corpus and stores, per passage, the

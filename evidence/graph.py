@@ -1,4 +1,4 @@
-"""Local evidence graph over retrieved passages (SPEC §3.3, issue 3).
+"""Local evidence graph over retrieved passages (SPEC §3.3).
 
 Nodes are normalized entities (`normalize_entity` keys) with their surface forms, labels and
 passages as attributes. An edge joins two entities mentioned in one sentence and keeps every

@@ -1,4 +1,4 @@
-"""Evidence paths e0 → e1 → … → target, built by recursive retrieval (SPEC §3.3, issue 3).
+"""Evidence paths e0 → e1 → … → target, built by recursive retrieval (SPEC §3.3).
 
 Construction runs backwards from the target: retrieve passages for it, build the local
 graph, rank the target's neighbours (`graph.edge_rank`), keep the best and sample

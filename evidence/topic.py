@@ -1,4 +1,4 @@
-"""The passage topic inside its own passage (issue 13: bridges that generalise).
+"""The passage topic inside its own passage (bridges that generalise).
 
 An encyclopedia passage is about its title, and its sentences often name that topic
 without writing the title: the opening sentence in a fuller or spaced form ("Richard

@@ -3,7 +3,8 @@ from __future__ import annotations
 
 from typing import Optional
 
-KINDS = ("abs", "quadratic", "adversarial")
+from coevo.core.choices import ProposerReward
+
 # Checks a candidate can pass before it is a task: target parse, target validation, evidence
 # path, question parse, question checks. `stages_passed` of a rejected candidate is 0 … 4.
 N_STAGES = 5
@@ -23,7 +24,7 @@ def difficulty_reward(accuracy: float, kind: str = "abs") -> float:
         return 4.0 * p * (1.0 - p)
     if kind == "adversarial":
         return 1.0 - p
-    raise ValueError(f"proposer.reward={kind!r} is not valid; expected one of {list(KINDS)}")
+    raise ValueError(f"proposer.reward={kind!r} is not valid; expected one of {[str(k) for k in ProposerReward]}")
 
 
 def invalid_reward(invalid_penalty: float = 0.5, stages_passed: int = 0, by_stage: bool = False) -> float:

@@ -14,11 +14,11 @@ import re
 from dataclasses import dataclass, field
 from typing import Any, NamedTuple, Optional, Protocol, Sequence
 
+from coevo.core.choices import RankerMode
 from coevo.core.types import SamplingParams
 from solver.ranker_prompt import fit_prompt, ranker_messages
 from solver.reward import PassageLike, answer_relevant, relevance_labels
 
-RANKER_MODES = ("trainable", "frozen", "none", "oracle")
 REASON_OPEN, RERANK_OPEN, RERANK_STOP = "<reason>", "<rerank>", "</rerank>"
 MAX_INDEX_DIGITS = 6  # longer digit runs are out of range anyway; int() of huge strings raises
 
@@ -175,8 +175,8 @@ class Ranker:
     """
 
     def __init__(self, cfg: Any, policy: Optional[Generator] = None) -> None:
-        if cfg.mode not in RANKER_MODES:
-            raise ValueError(f"ranker.mode {cfg.mode!r} is not valid; expected one of {list(RANKER_MODES)}")
+        if cfg.mode not in list(RankerMode):
+            raise ValueError(f"ranker.mode {cfg.mode!r} is not valid; expected one of {[str(m) for m in RankerMode]}")
         if cfg.mode in ("trainable", "frozen") and policy is None:
             raise ValueError(f"ranker.mode={cfg.mode} needs a ranker policy")
         self.cfg = cfg

@@ -15,11 +15,10 @@ from __future__ import annotations
 
 from typing import Any, Optional, Protocol, Sequence
 
-from coevo.core.choices import Correctness
+from coevo.core.choices import Correctness, Relevance
 from coevo.core.scoring import contains_answer, content_f1, echoes, exact_match, f1
 
 HIT_CUTOFFS = (1, 3, 5)  # k of Hit@k in r_rel, before capping at K
-RELEVANCE_MODES = ("answer", "evidence", "both")
 SCORERS = {Correctness.em: exact_match, Correctness.f1: f1, Correctness.f1_content: content_f1}
 
 
@@ -118,8 +117,8 @@ def relevance_labels(passages: Sequence[PassageLike], answers: Sequence[str],
     `answer`: a gold answer occurs (normalized, token-aligned) in the passage text or its
     title; `evidence`: the passage is one of the task's evidence passages; `both`: either.
     """
-    if mode not in RELEVANCE_MODES:
-        raise ValueError(f"ranker.relevance {mode!r} is not valid; expected one of {list(RELEVANCE_MODES)}")
+    if mode not in list(Relevance):
+        raise ValueError(f"ranker.relevance {mode!r} is not valid; expected one of {[str(m) for m in Relevance]}")
     evidence = set(evidence_ids or ())
     labels = []
     for p in passages:

@@ -1,4 +1,4 @@
-"""Evaluation harness behind `python -m coevo.eval`: EM / F1 / cover-EM of a solver on QA benchmarks (SPEC §6, issue 7).
+"""Evaluation harness behind `python -m coevo.eval`: EM / F1 / cover-EM of a solver on QA benchmarks (SPEC §6).
 
     python -m coevo.eval solver=smollm2-135m data=../shared/data/benchmarks/dev.jsonl mode=rag out=rag.json
     python -m coevo.eval mode=agent ranker.mode=frozen limit=25          # per-dataset limit

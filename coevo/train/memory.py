@@ -1,4 +1,4 @@
-"""Peak memory of a run, estimated from its config before anything loads (issue 17, item 3).
+"""Peak memory of a run, estimated from its config before anything loads.
 
 The estimate is a list of `Term`s, each a number of bytes with the role it belongs to and the
 device it lives on, so a GPU planner can sum the same terms per device; `check_run_memory`

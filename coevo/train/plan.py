@@ -1,4 +1,4 @@
-"""GPU memory planner (issue 12): what each role holds on one of its GPUs, before anything starts.
+"""GPU memory planner: what each role holds on one of its GPUs, before anything starts.
 
 `python -m coevo.plan` prints `plan_roles`' records; `coevo.run` refuses a plan that does not
 fit (`check_gpu_plan`, `run.plan_check`). It models the code as it runs today: a policy with

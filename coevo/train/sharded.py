@@ -1,4 +1,4 @@
-"""One policy sharded over the ranks of a torch.distributed process group with FSDP2 (SPEC §5.1-5.2, issue 12).
+"""One policy sharded over the ranks of a torch.distributed process group with FSDP2 (SPEC §5.1-5.2).
 
 `ShardedPolicy` runs on every rank of an initialised process group (gloo on CPU, NCCL on CUDA),
 each rank built from the same weights; it offers `Policy`'s `generate` / `update` / `save` /

@@ -34,7 +34,6 @@ from evidence.mentions import (
 )
 
 MEMO_PASSAGES = 50_000  # decoded passage annotations kept in memory
-LEGACY_FILES = ("meta.json", "vocab.json", "arrays.npz")  # what made an entry complete before markers
 
 
 def describe(corpus: Corpus) -> str:
@@ -227,7 +226,7 @@ def build_entity_index(corpus: Corpus, spacy_model: Optional[str] = None, cache_
         write_files(tmp, arrays, vocab, labels, meta)
         built.append(EntityIndex(corpus, arrays, vocab, labels, meta))
 
-    cache_entry(path, build, describe(corpus), legacy_files=LEGACY_FILES)
+    cache_entry(path, build, describe(corpus))
     index = built[0] if built else _load(path, corpus)
     index.from_cache = not built
     index.path = path

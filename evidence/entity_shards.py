@@ -25,7 +25,7 @@ from coevo.core.io import atomic_dir
 from coevo.core.progress import Progress, note
 from evidence import spacy_ner
 from evidence.corpus import Corpus, Passage
-from evidence.entities import LEGACY_FILES, describe, entity_cache_path, read_files, write_files
+from evidence.entities import describe, entity_cache_path, read_files, write_files
 from evidence.mentions import DEFAULT_SPACY_MODEL
 
 ShardHook = Callable[[int], None]  # called with a shard's index once its files are in place
@@ -144,7 +144,7 @@ def build_sharded(corpus: Corpus, spacy_model: Optional[str] = None, cache_dir: 
         write_files(tmp, arrays, vocab, labels,
                     spacy_ner.index_meta(corpus, model, arrays, vocab, procs, time.perf_counter() - t0))
 
-    stats["built"] = cache_entry(entry, build, describe(corpus), legacy_files=LEGACY_FILES)
+    stats["built"] = cache_entry(entry, build, describe(corpus))
     if is_complete(entry):  # the shards are in the entry now
         shutil.rmtree(root, ignore_errors=True)
     return stats

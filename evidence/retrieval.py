@@ -83,8 +83,7 @@ class BM25sRetriever:
             build_sharded_bm25s(corpus, tmp, path.with_name(path.name + ".shards"), tokenize,
                                 what=f"bm25s index of corpus {corpus.name!r}")
 
-        self.from_cache = not cache_entry(path, build, f"the bm25s index of corpus {corpus.name!r}",
-                                          legacy_files=("params.index.json",))
+        self.from_cache = not cache_entry(path, build, f"the bm25s index of corpus {corpus.name!r}")
         # Memory-mapped: the index's arrays stay in the page cache, shared by every process on the machine
         # that maps the same files (bm25s's own figure: ~4.4 GB in RAM for 2.7M passages without it).
         self.model = bm25s.BM25.load(str(path), mmap=True, show_progress=False)

@@ -9,10 +9,7 @@ byte-range locks):
 - An entry appears by one rename(2) of a fully written, fsynced temp dir onto a name that
   does not exist at that moment. rename is atomic, so a reader finds no entry or a whole one.
 - Readers trust an entry only when it holds `MARKER`, written last inside the temp dir: a
-  directory without it (a partial copy by hand, say) is rebuilt, not read. The one exception
-  is an entry of a coevo from before markers, recognised by the files it decided by
-  (`legacy_files`): that coevo also renamed whole directories into place, so it is adopted
-  (the marker is added, atomically, under the lock) instead of rebuilt for minutes.
+  directory without it (a partial copy by hand, say) is rebuilt, not read.
 - coevo never modifies, replaces or removes a complete entry, so a reader that found the
   marker reads the files without any lock and they cannot change under it.
 - Builders take an exclusive `flock` on `.<name>.lock` beside the entry; the kernel releases
@@ -34,9 +31,9 @@ import sys
 import time
 from contextlib import contextmanager
 from pathlib import Path
-from typing import Callable, Iterator, Sequence
+from typing import Callable, Iterator
 
-from coevo.core.io import atomic_write_text, is_sibling_of, unique_sibling
+from coevo.core.io import is_sibling_of, unique_sibling
 
 MARKER = ".complete"
 
@@ -119,23 +116,18 @@ def _marker_text(what: str, **extra: object) -> str:
     return json.dumps({"what": what, "built_by": f"pid {os.getpid()} on {socket.gethostname()}", **extra}) + "\n"
 
 
-def cache_entry(entry: str | os.PathLike, build: Callable[[Path], None], what: str,
-                legacy_files: Sequence[str] = ()) -> bool:
+def cache_entry(entry: str | os.PathLike, build: Callable[[Path], None], what: str) -> bool:
     """Make `entry` a complete cache entry; True when this call built it, False when it was there.
 
     `build(tmp)` writes the entry's files into the fresh directory `tmp`; if it raises, `tmp`
     is removed and the error propagates (the next caller tries again). A second caller
     arriving while the first builds waits for it (saying so once) and then uses its entry.
-    `legacy_files`: the files whose presence made an entry complete before markers existed.
     """
     entry = Path(entry)
     if is_complete(entry):
         return False
     with entry_lock(entry, what):
         if is_complete(entry):
-            return False
-        if legacy_files and all((entry / f).is_file() for f in legacy_files):
-            atomic_write_text(entry / MARKER, _marker_text(what, adopted=True))
             return False
         _remove_leftovers(entry)
         tmp = unique_sibling(entry)

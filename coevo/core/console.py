@@ -52,12 +52,6 @@ def say(message: str) -> None:
         print(message, flush=True)
 
 
-def log_file() -> Optional[Path]:
-    """The run.log this process writes to (None: no run directory, or logging not set up)."""
-    name = _configured.get("file")
-    return Path(name) if name else None
-
-
 def report_error(prog: str, error: BaseException) -> None:
     """`<prog>: error: <message>` on stderr, one line; the traceback goes to run.log only (DEBUG)."""
     print(f"{prog}: error: {error}", file=sys.stderr, flush=True)

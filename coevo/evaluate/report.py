@@ -17,30 +17,6 @@ from typing import Any, Optional
 from coevo.core.io import iter_jsonl, step_of
 from coevo.core.stats import mean
 
-# Keys of older task dumps that were renamed when each record type got one serialization
-# (`to_record`); runs written before keep them, and loading maps them to today's names.
-OLD_ROLLOUT_KEYS = {"rollout": "rollout_idx", "correct": "correctness", "searches": "n_searches",
-                    "generated_tokens": "n_generated"}
-OLD_RANKER_CALL_KEYS = {"candidates": "candidate_ids", "chosen": "chosen_ids"}
-
-
-def _renamed(record: dict, names: dict[str, str]) -> dict:
-    return {names.get(k, k): v for k, v in record.items()}
-
-
-def normalize_record(record: dict) -> dict:
-    """A task-dump record under the current key names (README "Outputs"), whatever version wrote it.
-
-    Older dumps also wrote parse-failure and pending verdicts as just `ok` and `reason`, and
-    had no `grounding_titles` (no grounding then: an empty list).
-    """
-    rollouts = [{**_renamed(ro, OLD_ROLLOUT_KEYS),
-                 "ranker_calls": [_renamed(c, OLD_RANKER_CALL_KEYS) for c in ro.get("ranker_calls") or []]}
-                for ro in record.get("rollouts") or []]
-    verdicts = {k: {"evidence": [], "detail": "", **record[k]} for k in ("target_verdict", "question_verdict")
-                if isinstance(record.get(k), dict)}
-    return {"grounding_titles": [], **record, **verdicts, "rollouts": rollouts}
-
 
 def _check_structure(rec: dict, where: str) -> None:
     """The nested parts inspection walks must have their documented shapes (README "Outputs")."""
@@ -80,7 +56,7 @@ def load_run(run_dir: Path, step: Optional[int] = None) -> tuple[list[dict], lis
         if step is None or n == step:
             for line_no, r in iter_jsonl(f, objects=True, skip_torn_last=True):
                 _check_structure(r, f"{f}:{line_no}")
-                records.append({**normalize_record(r), "step": n})
+                records.append({**r, "step": n})
     metrics_path = run_dir / "metrics.jsonl"
     metrics = _read_records(metrics_path) if metrics_path.exists() else []
     return records, metrics

@@ -205,11 +205,6 @@ def meminfo(key: str) -> int:
     return int(vm.total if key == "MemTotal" else vm.available)
 
 
-def model_shape(model: str, checkpoint: Optional[str] = None) -> ModelShape:
-    """ModelShape of a preset, directory or hub id from its config alone (built on torch's meta device)."""
-    return shape_of(meta_model(model, checkpoint))
-
-
 def _gpu_memory() -> Optional[int]:
     try:
         import torch

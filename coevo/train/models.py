@@ -163,7 +163,7 @@ def resolve_model_path(name: str) -> str:
         return str(Path(name).expanduser()) if Path(name).expanduser().exists() else name
     target = embedded_path(name)
     build = _convert_smollm2 if name == "smollm2-135m" else build_tiny_random
-    cache_entry(target, build, f"model preset {name}", legacy_files=("config.json",))  # once, whatever runs in parallel
+    cache_entry(target, build, f"model preset {name}")  # once, whatever runs in parallel
     return str(target)
 
 

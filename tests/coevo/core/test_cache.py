@@ -191,21 +191,3 @@ def test_other_entries_temp_dirs_are_not_touched(tmp_path):
     other.mkdir()
     cache_entry(tmp_path / "e", lambda tmp: None, "e")
     assert other.is_dir()
-
-
-def test_entry_of_a_coevo_before_markers_is_adopted_not_rebuilt(tmp_path):
-    entry = tmp_path / "e"
-    entry.mkdir()
-    (entry / "config.json").write_text("{}")  # the file the old code decided by
-
-    def never(tmp):
-        raise AssertionError("a pre-marker entry with its files is adopted, not rebuilt")
-
-    assert cache_entry(entry, never, "e", legacy_files=("config.json",)) is False
-    assert is_complete(entry) and '"adopted": true' in (entry / MARKER).read_text()
-    assert sorted(c.name for c in entry.iterdir()) == [MARKER, "config.json"]
-    # Without the file it decided by, a markerless entry is rebuilt.
-    other = tmp_path / "f"
-    other.mkdir()
-    assert cache_entry(other, lambda tmp: (tmp / "config.json").write_text("1"), "f",
-                       legacy_files=("config.json",)) is True

@@ -161,7 +161,7 @@ def test_debug_shows_everything_and_no_run_dir_shows_library_warnings(tmp_path, 
     logging.getLogger("transformers.x").warning("w")
     logging.getLogger("transformers.x").info("i")
     assert capsys.readouterr().out == "warning: w\n"
-    assert os.environ["VLLM_LOGGING_LEVEL"] == "WARNING" and console.log_file() is None
+    assert os.environ["VLLM_LOGGING_LEVEL"] == "WARNING" and not console._configured.get("file")
 
 
 WORKER = r"""

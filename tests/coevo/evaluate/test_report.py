@@ -6,7 +6,7 @@ from pathlib import Path
 import pytest
 
 from coevo.core.types import Completion, EvidencePath, Hop, Verdict
-from coevo.evaluate.report import format_summary, load_run, normalize_record, summarize
+from coevo.evaluate.report import format_summary, load_run, summarize
 from coevo.evaluate.report_page import run_page, write_page
 from coevo.evaluate.series import run_data
 from coevo.orchestrate.records import candidate_record
@@ -52,37 +52,6 @@ def new_records() -> list[dict]:
             json.loads(json.dumps(candidate_record(rejected, None, [], TIMINGS, decode)))]
 
 
-def old_records() -> list[dict]:
-    """The same records under the key names dumps used before, typed by hand from an old dump's layout."""
-    call = {"sub_query": "capital of France", "turn": 0, "mode": "trainable", "candidates": ["p0", "p2", "p3"],
-            "chosen": ["p0", "p3"], "format_ok": True, "reason": "ok", "i_ans": True, "r_rel": 1.0, "reward": 2.0,
-            "group_id": "s0-q3-c0/ans1/0", "output": "<rerank>[1] > [3]</rerank>"}
-    rollouts = [{"rollout": 0, "transcript": "<answer>Paris</answer>", "answer": "Paris", "format_ok": True,
-                 "end_reason": "answer", "correct": 1.0, "searches": 1, "sub_queries": ["capital of France"],
-                 "reward": 1.0, "generated_tokens": 22, "ranker_calls": [call]},
-                {"rollout": 1, "transcript": "<answer>Lyon</answer>", "answer": "Lyon", "format_ok": True,
-                 "end_reason": "answer", "correct": 0.0, "searches": 0, "sub_queries": [], "reward": 0.0,
-                 "generated_tokens": 21, "ranker_calls": []}]
-    hop = {"head": "France", "tail": "Paris", "sentence": "Paris is the capital of France.", "passage_id": "p0",
-           "title": "Paris", "score": 1.5, "cue": "relation", "head_key": "france", "tail_key": "paris",
-           "head_mention": "France", "tail_mention": "Paris"}
-    common = {"reference_question": "who wrote hamlet", "reference_index": 3, "timings_s": TIMINGS}
-    accepted = {**common, "task_id": "s0-q3-c0", "candidate": 0, "target_output": "<target>Paris</target>",
-                "target": "Paris", "target_verdict": {"ok": True, "reason": "ok", "evidence": ["p0"], "detail": "GPE"},
-                "paths_found": 2, "evidence_path": {"target": "Paris", "hops": [hop], "evidence_ids": ["p0"]},
-                "question_output": "<question>Which city is the capital of France?</question>",
-                "question": "Which city is the capital of France?",
-                "question_verdict": {"ok": True, "reason": "ok", "evidence": ["p0"], "detail": ""},
-                "stage": "accepted", "reason": "accepted", "accepted": True, "accuracy": 0.5, "proposer_reward": 1.0,
-                "rollouts": rollouts}
-    rejected = {**common, "task_id": None, "candidate": 1, "target_output": "<target>''</target>", "target": None,
-                "target_verdict": {"ok": False, "reason": "parse:empty"}, "paths_found": 0, "evidence_path": None,
-                "question_output": None, "question": None, "question_verdict": {"ok": False, "reason": "pending"},
-                "stage": "target", "reason": "parse:empty", "accepted": False, "accuracy": None,
-                "proposer_reward": -0.5, "rollouts": []}
-    return [accepted, rejected]
-
-
 def _write_run(run_dir: Path, records: list[dict]) -> Path:
     (run_dir / "tasks").mkdir(parents=True)
     (run_dir / "tasks" / "step_0.jsonl").write_text("".join(json.dumps(r) + "\n" for r in records))
@@ -100,16 +69,6 @@ def test_new_records_use_one_vocabulary():
     # proposer-side rejections are verdicts like any other
     assert rejected["target_verdict"] == {"ok": False, "reason": "parse:empty", "evidence": [], "detail": ""}
     assert rejected["question_verdict"] == {"ok": False, "reason": "pending", "evidence": [], "detail": ""}
-
-
-def test_old_dump_loads_like_a_new_one(tmp_path):
-    new_loaded, _ = load_run(_write_run(tmp_path / "new", new_records()))
-    old_loaded, _ = load_run(_write_run(tmp_path / "old", old_records()))
-    assert summarize(old_loaded) == summarize(new_loaded)
-    assert summarize(new_loaded)["mean_searches_solved"] == 1.0  # reads the renamed rollout keys
-    # old dumps predate the task's gold aliases (`answers`); everything else reads the same
-    assert old_loaded == [{k: v for k, v in r.items() if k != "answers"} for r in new_loaded]
-    assert normalize_record(new_loaded[0]) == new_loaded[0]  # idempotent on today's records
 
 
 def _readme_tables() -> list[list[str]]:
@@ -218,3 +177,9 @@ def test_inspect_ends_with_the_done_report(tmp_path, capsys):
     captured = capsys.readouterr()
     assert json.loads(captured.out)["candidates"] == 2  # stdout stays JSON; the report goes to stderr
     assert captured.err.startswith(f"done: {run}\n")
+
+
+def test_a_dump_loads_as_written_with_its_step(tmp_path):
+    loaded, _ = load_run(_write_run(tmp_path / "run", new_records()))
+    assert loaded == [{**r, "step": 0} for r in new_records()]
+    assert summarize(loaded)["mean_searches_solved"] == 1.0

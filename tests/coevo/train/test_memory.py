@@ -16,11 +16,15 @@ from coevo.train.memory import (
     generated_rows,
     generation_bytes,
     loaded_policies,
-    model_shape,
     peak_bytes,
     policy_terms,
     run_terms,
 )
+from coevo.train.shapes import meta_model, shape_of
+
+
+def model_shape(model, checkpoint=None):
+    return shape_of(meta_model(model, checkpoint))
 
 SHAPE = ModelShape(params=1000, hidden=64, intermediate=128, layers=2, vocab=100, tied=True, kv_heads=1, head_dim=32)
 # SmolLM2-135M-Instruct, as its config.json says (the test need not build the preset).

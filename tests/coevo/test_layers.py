@@ -116,3 +116,13 @@ def test_the_checker_catches_upward_and_cyclic_imports() -> None:
                                            ("coevo.train.engines.hf", "coevo.train"), ("solver.agent", "solver")])
 def test_layer_of(module: str, layer: str) -> None:
     assert layer_of(module)[0] == layer
+
+
+def test_every_module_has_its_line_in_the_architecture_doc() -> None:
+    doc = (ROOT / "docs" / "architecture.md").read_text(encoding="utf-8").split("## Every module", 1)
+    assert len(doc) == 2, "docs/architecture.md has no 'Every module' section"
+    listed = {line.split("`")[1] for line in doc[1].splitlines() if line.startswith("| `")}
+    modules = {str(p.relative_to(ROOT)) for pkg in ("coevo", "evidence", "proposer", "solver")
+               for p in (ROOT / pkg).rglob("*.py") if p.name != "__init__.py"}
+    assert sorted(modules - listed) == [], "modules without their line in docs/architecture.md"
+    assert sorted(listed - modules) == [], "lines in docs/architecture.md for modules that do not exist"

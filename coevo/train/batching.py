@@ -4,6 +4,8 @@ Stateless: the policy passes its `micro_batch_size`, `shared_prompt`, pad id and
 """
 from __future__ import annotations
 
+from dataclasses import dataclass
+
 import torch
 
 from coevo.core.grpo import shared_prefix_len
@@ -41,13 +43,22 @@ def micro_batches(batch: list[TrainSequence], micro_batch_size: int,
     return [[batch[i] for i in chunk] for chunk in shared + loose]
 
 
-def micro_batch_tensors(seqs: list[TrainSequence], pad_id: int, device: torch.device, shared_prompt: bool) -> dict:
-    """Right-padded device tensors of one micro-batch, as wide as its own longest sequence.
+@dataclass(frozen=True)
+class MicroBatch:
+    """Right-padded device tensors of one micro-batch, as wide as its own longest sequence T."""
 
-    Keys: ids, attn [b, T]; mask, old [b, T-1] (shifted to align with next-token logprobs;
-    old is 0 where a sequence has none); adv [b]; has_old [b] bool; prefix: the rows' shared
-    prompt length for `sequence_token_logprobs` (0 without `shared_prompt`).
-    """
+    ids: torch.Tensor  # [b, T] token ids, pad id after each row's end
+    attn: torch.Tensor  # [b, T] 1 on real tokens
+    mask: torch.Tensor  # [b, T-1] loss mask, shifted to align with next-token log-probs
+    old: torch.Tensor  # [b, T-1] sampling log-probs (π_old), 0 where a row has none
+    adv: torch.Tensor  # [b] advantages
+    has_old: torch.Tensor  # [b] bool: the row came with its sampling log-probs
+    prefix: int  # the rows' shared prompt length for `sequence_token_logprobs` (0 without `shared_prompt`)
+
+
+def micro_batch_tensors(seqs: list[TrainSequence], pad_id: int, device: torch.device,
+                        shared_prompt: bool) -> MicroBatch:
+    """The `MicroBatch` of `seqs` on `device`."""
     width = max(2, max(len(s.input_ids) for s in seqs))
     ids = torch.full((len(seqs), width), pad_id, dtype=torch.long)
     attn = torch.zeros((len(seqs), width), dtype=torch.long)
@@ -61,10 +72,10 @@ def micro_batch_tensors(seqs: list[TrainSequence], pad_id: int, device: torch.de
         if s.old_logprobs is not None:
             old[i, :n] = torch.tensor(s.old_logprobs, dtype=torch.float32)
     prefix = shared_prefix_len(ids, attn, mask[:, 1:]) if shared_prompt else 0
-    return {"ids": ids.to(device), "attn": attn.to(device), "mask": mask[:, 1:].to(device),
-            "old": old[:, 1:].to(device), "prefix": prefix,
-            "adv": torch.tensor([s.advantage for s in seqs], dtype=torch.float32).to(device),
-            "has_old": torch.tensor([s.old_logprobs is not None for s in seqs]).to(device)}
+    return MicroBatch(ids=ids.to(device), attn=attn.to(device), mask=mask[:, 1:].to(device),
+                      old=old[:, 1:].to(device), prefix=prefix,
+                      adv=torch.tensor([s.advantage for s in seqs], dtype=torch.float32).to(device),
+                      has_old=torch.tensor([s.old_logprobs is not None for s in seqs]).to(device))
 
 
 def _prompt_key(s: TrainSequence) -> tuple[int, ...]:

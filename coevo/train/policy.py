@@ -49,7 +49,7 @@ from coevo.core.io import atomic_dir
 from coevo.core.stages import stage
 from coevo.core.types import Completion, Engine, SamplingParams, TrainSequence
 from coevo.train.allocator import pin_mmap_threshold
-from coevo.train.batching import check_sequence, micro_batch_tensors, micro_batches
+from coevo.train.batching import MicroBatch, check_sequence, micro_batch_tensors, micro_batches
 from coevo.train.checkpoint import OPTIMIZER_FILE
 from coevo.train.engines import build_engine
 from coevo.train.lora import apply_lora, hf_model, is_adapter_dir, load_adapter_weights
@@ -170,7 +170,7 @@ class Policy:
     def _micro_batches(self, batch: list[TrainSequence]) -> list[list[TrainSequence]]:
         return micro_batches(batch, self.cfg.micro_batch_size, self.shared_prompt)
 
-    def _tensors(self, seqs: list[TrainSequence]) -> dict:
+    def _tensors(self, seqs: list[TrainSequence]) -> MicroBatch:
         return micro_batch_tensors(seqs, self.tokenizer.pad_token_id or 0, self.device, self.shared_prompt)
 
     @torch.no_grad()
@@ -189,25 +189,25 @@ class Policy:
         out = []
         for i, seqs in enumerate(groups):
             mb = self._tensors(seqs)
-            old, filled = mb["old"], bool(mb["has_old"].all())
+            old, filled = mb.old, bool(mb.has_old.all())
             needed = not filled if forward_old is None else forward_old[i]
             with self.compute():
                 if needed and int(self.cfg.ppo_epochs) > 1:
-                    current = self.scorer(mb["ids"], mb["attn"], mb["mask"], mb["prefix"])
-                    old, filled = torch.where(mb["has_old"].unsqueeze(-1), old, current), True
+                    current = self.scorer(mb.ids, mb.attn, mb.mask, mb.prefix)
+                    old, filled = torch.where(mb.has_old.unsqueeze(-1), old, current), True
                 logps = {"old": old.float().cpu(), "old_filled": filled}
                 if self.has_reference:
                     logps["ref"] = self._reference_logprobs(mb).float().cpu()
             out.append(logps)
         return out
 
-    def _reference_logprobs(self, mb: dict) -> torch.Tensor:
+    def _reference_logprobs(self, mb: MicroBatch) -> torch.Tensor:
         """Log-probs of micro-batch `mb` under the KL reference: the base with the adapter off, else the copy."""
         if self.lora:
             with self.model.disable_adapter():
-                return self.scorer(mb["ids"], mb["attn"], mb["mask"], mb["prefix"])
+                return self.scorer(mb.ids, mb.attn, mb.mask, mb.prefix)
         assert self.ref_scorer is not None
-        return self.ref_scorer(mb["ids"], mb["attn"], mb["mask"], mb["prefix"])
+        return self.ref_scorer(mb.ids, mb.attn, mb.mask, mb.prefix)
 
     def _micro_step(self, seqs: list[TrainSequence], logps: dict, n_tokens: int) -> tuple[float, float, float]:
         """Forward + backward of one micro-batch (gradients accumulate); returns (pg, kl, clipped tokens).
@@ -221,13 +221,13 @@ class Policy:
         # Checkpointed layers recompute in backward only in train mode; their dropout is 0 (recompute.py).
         with train_mode(self.model, self.checkpointing):
             with self.compute():  # forward in bf16 on CUDA; the loss math below runs on fp32 log-probs
-                lp = self.scorer(mb["ids"], mb["attn"], mb["mask"], mb["prefix"]).float()
+                lp = self.scorer(mb.ids, mb.attn, mb.mask, mb.prefix).float()
             if not logps["old_filled"]:  # one epoch: the old policy is these weights (ratio 1 at the step)
-                old = torch.where(mb["has_old"].unsqueeze(-1), old, lp.detach())
-            pg, m = clipped_surrogate_loss(lp, old, mb["adv"], mb["mask"], cfg.clip_eps, denom=n_tokens)
+                old = torch.where(mb.has_old.unsqueeze(-1), old, lp.detach())
+            pg, m = clipped_surrogate_loss(lp, old, mb.adv, mb.mask, cfg.clip_eps, denom=n_tokens)
             loss, kl_value = pg, 0.0
             if "ref" in logps:
-                kl = masked_mean(k3_kl(lp, logps["ref"].to(self.device), mb["mask"]), mb["mask"], denom=n_tokens)
+                kl = masked_mean(k3_kl(lp, logps["ref"].to(self.device), mb.mask), mb.mask, denom=n_tokens)
                 loss = loss + cfg.kl_coef * kl
                 kl_value = float(kl.detach())
             loss.backward()  # outside autocast, as torch recommends: gradients land on the fp32 master weights

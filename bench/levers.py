@@ -56,7 +56,8 @@ from proposer.pipeline import Candidate  # noqa: E402
 from proposer.reward import invalid_reward  # noqa: E402
 from solver.agent import Task  # noqa: E402
 from solver.grouping import group_calls, task_calls  # noqa: E402
-from solver.ranker import SearchRequest, SearchTool, build_ranker  # noqa: E402
+from solver.ranker import SearchRequest, build_ranker  # noqa: E402
+from solver.search_tool import SearchTool  # noqa: E402
 from solver.training import episodes_by_task, score_ranker, score_solver  # noqa: E402
 
 FROZEN = ["proposer.frozen=true", "solver.frozen=true", "ranker.frozen=true", "run.memory_check=false"]

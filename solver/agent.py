@@ -29,8 +29,10 @@ import re
 from dataclasses import dataclass, field
 from typing import Any, Callable, NamedTuple, Optional, Protocol, Sequence
 
+from coevo.core.config import SolverConfig
 from coevo.core.types import SamplingParams
-from solver.ranker import RankerCall, SearchRequest, SearchTool, format_documents, strip_eos
+from solver.ranker import RankerCall, SearchRequest, strip_eos
+from solver.search_tool import SearchTool, format_documents
 
 __all__ = ["Task", "Episode", "Action", "SearchTool", "parse_action", "solver_messages", "run_episodes",
            "observation_text"]
@@ -200,7 +202,7 @@ def _encode(tokenizer: Any, text: str) -> list[int]:
     return list(tokenizer.encode(text, add_special_tokens=False))
 
 
-def _turn_sampling(cfg: Any, sampling: Optional[SamplingParams]) -> SamplingParams:
+def _turn_sampling(cfg: SolverConfig, sampling: Optional[SamplingParams]) -> SamplingParams:
     """Sampling of every turn: the caller's (or the config's), with the action stop strings."""
     base = sampling or SamplingParams(temperature=cfg.temperature, top_p=cfg.top_p,
                                       max_new_tokens=cfg.max_new_tokens)
@@ -210,11 +212,10 @@ def _turn_sampling(cfg: Any, sampling: Optional[SamplingParams]) -> SamplingPara
                           stop=stop, n=1, seed=base.seed)
 
 
-def _prompt_room(cfg: Any, prime: int = 0) -> int:
+def _prompt_room(cfg: SolverConfig, prime: int = 0) -> int:
     """Longest episode a turn may start from: every turn's prompt is the whole episode so far (plus
     the `prime` tokens of `solver.prime_tag`), never cut."""
-    limit = getattr(cfg, "max_prompt_tokens", None)
-    return (int(limit) if limit else cfg.max_episode_tokens) - prime
+    return (cfg.max_prompt_tokens or cfg.max_episode_tokens) - prime
 
 
 def _append_prime(ep: Episode, prime: list[int]) -> None:
@@ -225,7 +226,7 @@ def _append_prime(ep: Episode, prime: list[int]) -> None:
         ep.logprobs += [0.0] * len(prime)
 
 
-def _new_episode(task: Task, rollout_idx: int, prompt_ids: list[int], cfg: Any, prime: int = 0) -> Episode:
+def _new_episode(task: Task, rollout_idx: int, prompt_ids: list[int], cfg: SolverConfig, prime: int = 0) -> Episode:
     ep = Episode(task=task, rollout_idx=rollout_idx, token_ids=list(prompt_ids), loss_mask=[0] * len(prompt_ids),
                  logprobs=[0.0] * len(prompt_ids), prompt_len=len(prompt_ids))
     if len(prompt_ids) + prime >= cfg.max_episode_tokens or len(prompt_ids) > _prompt_room(cfg, prime):
@@ -233,7 +234,7 @@ def _new_episode(task: Task, rollout_idx: int, prompt_ids: list[int], cfg: Any, 
     return ep
 
 
-def _apply_turn(ep: Episode, completion: Any, tokenizer: Any, cfg: Any, prime: list[int]) -> Optional[str]:
+def _apply_turn(ep: Episode, completion: Any, tokenizer: Any, cfg: SolverConfig, prime: list[int]) -> Optional[str]:
     """Append one generated turn (after its `prime` tokens); return the search query when the turn is a valid search."""
     _append_prime(ep, prime)
     room = cfg.max_episode_tokens - len(ep.token_ids)
@@ -262,7 +263,7 @@ def _apply_turn(ep: Episode, completion: Any, tokenizer: Any, cfg: Any, prime: l
 
 
 def _observe(episodes: list[Episode], queries: list[str], search_tool: SearchTool, tokenizer: Any,
-             cfg: Any, turn: int, prime: int = 0) -> None:
+             cfg: SolverConfig, turn: int, prime: int = 0) -> None:
     """Run this turn's searches in one batch and append each observation (loss mask 0)."""
     requests = [SearchRequest(ep.task.question, q, ep.task.answers, ep.task.evidence_ids, ep.task.id,
                               ep.rollout_idx, turn) for ep, q in zip(episodes, queries)]
@@ -291,7 +292,7 @@ class _GuideTurn(NamedTuple):
     logprobs: None = None
 
 
-def guide_turn(ep: Episode, tokenizer: Any, cfg: Any, primed: bool) -> _GuideTurn:
+def guide_turn(ep: Episode, tokenizer: Any, cfg: SolverConfig, primed: bool) -> _GuideTurn:
     """The next turn of a guided rollout: the path's next search while the episode's budgets allow
     (the last hops when the path is longer), then `<answer>target</answer>`."""
     room = max(0, min(cfg.max_searches, cfg.max_turns - 1))
@@ -305,14 +306,14 @@ def guide_turn(ep: Episode, tokenizer: Any, cfg: Any, primed: bool) -> _GuideTur
 
 
 def _turn_outputs(solver: SolverPolicy, live: list[Episode], params: SamplingParams, prime: list[int],
-                  cfg: Any) -> list[Any]:
+                  cfg: SolverConfig) -> list[Any]:
     """One completion per live episode: one batched `generate` for the sampled ones, the guide for the rest."""
     sampled = [ep for ep in live if not ep.guided]
     generated = iter(solver.generate([list(ep.token_ids) + prime for ep in sampled], params) if sampled else [])
     return [guide_turn(ep, solver.tokenizer, cfg, bool(prime)) if ep.guided else next(generated)[0] for ep in live]
 
 
-def run_episodes(solver: SolverPolicy, tasks: Sequence[Task], search_tool: SearchTool, cfg: Any,
+def run_episodes(solver: SolverPolicy, tasks: Sequence[Task], search_tool: SearchTool, cfg: SolverConfig,
                  sampling: Optional[SamplingParams] = None, group_size: Optional[int] = None) -> list[Episode]:
     """G = `group_size` (default `cfg.group_size`) rollouts per task, task-major order.
 
@@ -323,12 +324,12 @@ def run_episodes(solver: SolverPolicy, tasks: Sequence[Task], search_tool: Searc
     """
     n_rollouts = group_size or cfg.group_size
     params = _turn_sampling(cfg, sampling)
-    prime = _encode(solver.tokenizer, TURN_PRIME) if getattr(cfg, "prime_tag", False) else []
+    prime = _encode(solver.tokenizer, TURN_PRIME) if cfg.prime_tag else []
     episodes = []
     for task in tasks:
         prompt_ids = solver.chat_prompt_ids(solver_messages(task.question, cfg.max_searches))
         group = [_new_episode(task, i, prompt_ids, cfg, len(prime)) for i in range(n_rollouts)]
-        group[-1].guided = bool(getattr(cfg, "guided_rollouts", False) and task.guide and task.answers
+        group[-1].guided = bool(cfg.guided_rollouts and task.guide and task.answers
                                 and n_rollouts > 1)
         episodes += group
     for turn in range(cfg.max_turns):

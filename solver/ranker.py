@@ -1,8 +1,8 @@
-"""Two-stage retrieval with a generative listwise ranker (SPEC §4.3, §4.6).
+"""The generative listwise ranker of the solver's search tool (SPEC §4.3, §4.6).
 
-A search goes: first-stage retriever → N candidates → ranker → K documents for the solver.
-`SearchTool.search` handles a whole turn's searches at once: one retriever call and, for
-the generating modes, ONE ranker `generate` call for all of that turn's prompts.
+`Ranker.rank` orders the first-stage candidates of a whole turn's searches with, for the
+generating modes, ONE `generate` call for all of that turn's prompts (solver/search_tool.py
+wraps it with the retriever).
 
 Ranker output is untrusted: `parse_rerank` is strict and never raises; on any failure the
 observation falls back to the first-stage top-K and the call is recorded with f = 0.
@@ -77,14 +77,6 @@ class RankerCall:
         """Relevance of the returned documents, in returned order (input of Hit@k)."""
         label = dict(zip(self.candidate_ids, self.relevant))
         return [label.get(pid, False) for pid in self.chosen_ids]
-
-
-@dataclass
-class ToolResult:
-    """What one search returns: the documents the solver reads and the ranker call record."""
-
-    passages: list[PassageLike]
-    call: RankerCall
 
 
 class Generator(Protocol):
@@ -320,34 +312,3 @@ def build_ranker(cfg: Any, solver_policy: Optional[Generator] = None,
     if load_policy is None:
         raise ValueError(f"ranker.mode={cfg.mode} needs a ranker policy (load_policy)")
     return Ranker(cfg, load_policy())
-
-
-class SearchTool:
-    """The solver's search tool: first-stage top-N, then the ranker picks and orders K."""
-
-    def __init__(self, retriever: Any, ranker: Ranker, cfg: Any) -> None:
-        self.retriever = retriever
-        self.ranker = ranker
-        self.cfg = cfg
-
-    def search(self, requests: Sequence[SearchRequest | tuple]) -> list[ToolResult]:
-        """Answer a batch of searches: one retriever call, one ranker generate call."""
-        reqs = [r if isinstance(r, SearchRequest) else SearchRequest(*r) for r in requests]
-        if not reqs:
-            return []
-        hits = self.retriever.search([r.sub_query for r in reqs], self.cfg.n_candidates)
-        corpus = self.retriever.corpus
-        candidates = [[corpus[h.passage_id] for h in row[: self.cfg.n_candidates]] for row in hits]
-        calls = self.ranker.rank(reqs, candidates)
-        results = []
-        for cands, call in zip(candidates, calls):
-            by_id = {p.id: p for p in cands}
-            results.append(ToolResult(passages=[by_id[pid] for pid in call.chosen_ids], call=call))
-        return results
-
-
-def format_documents(passages: Sequence[PassageLike]) -> str:
-    """Documents as the solver reads them: `Doc 1 (Title: …) text`, one per line."""
-    if not passages:
-        return "No results."
-    return "\n".join(f"Doc {i} (Title: {p.title}) {' '.join(p.text.split())}" for i, p in enumerate(passages, 1))

@@ -54,7 +54,8 @@ from coevo.train.policy import Policy
 from evidence.corpus_store import open_corpus
 from evidence.retrieval import build_retriever
 from solver.agent import ANSWER_STOP, Episode, Task, run_episodes
-from solver.ranker import SearchRequest, SearchTool, build_ranker, format_documents, strip_eos
+from solver.ranker import SearchRequest, build_ranker, strip_eos
+from solver.search_tool import SearchTool, format_documents
 
 SINGLE_TURN_SYSTEM = (
     "You answer questions{context}. You may first reason inside <think> and </think>. Then write the "

@@ -12,6 +12,7 @@ from typing import Any, Collection, Mapping, Sequence
 from coevo.core.choices import PathLength, path_length
 from coevo.core.config import CoevoConfig
 from coevo.core.types import SamplingParams, TrainSequence
+from coevo.orchestrate.actors import Actors
 from coevo.orchestrate.records import candidate_record, step_metrics
 from coevo.orchestrate.timing import StageTimer, update_tokens
 from proposer.pipeline import (
@@ -26,7 +27,8 @@ from proposer.pipeline import (
     proposer_sequences,
 )
 from solver.agent import Episode, Task, run_episodes
-from solver.ranker import RankerCall, SearchTool, build_ranker
+from solver.ranker import RankerCall, build_ranker
+from solver.search_tool import SearchTool
 from solver.training import ranker_sequences, score_ranker, score_solver, solver_sequences
 
 
@@ -35,7 +37,7 @@ def step_seed(seed: int, step: int) -> int:
     return (seed * 1_000_003 + step * 7919) % (2**31 - 1)
 
 
-def coevolution_step(step: int, references: list[tuple[int, str]], actors: Any, cfg: CoevoConfig,
+def coevolution_step(step: int, references: list[tuple[int, str]], actors: Actors, cfg: CoevoConfig,
                      seed: int, progress: Any = print, hops: PathLength | int | None = None) -> tuple[list[dict], dict]:
     """Run one step of SPEC §2 and return (task-dump records, metrics).
 
@@ -65,7 +67,7 @@ def coevolution_step(step: int, references: list[tuple[int, str]], actors: Any, 
     return records, metrics
 
 
-def propose_tasks(references: list[tuple[int, str]], actors: Any, cfg: CoevoConfig, seed: int,
+def propose_tasks(references: list[tuple[int, str]], actors: Actors, cfg: CoevoConfig, seed: int,
                   timer: StageTimer | None = None, hops: PathLength | int | None = None) -> list[Candidate]:
     """SPEC §3.1-3.4: call 1 → target checks → evidence paths → call 2 → question checks.
 
@@ -93,7 +95,7 @@ def make_task_id(step: int, position: int, cand: Candidate) -> str:
     return f"s{step}-q{cand.ref_index}-c{position}"
 
 
-def solve_tasks(tasks: list[Task], actors: Any, cfg: CoevoConfig,
+def solve_tasks(tasks: list[Task], actors: Actors, cfg: CoevoConfig,
                 seed: int) -> tuple[list[Episode], list[list[RankerCall]], dict[str, float]]:
     """G solver rollouts per task (all live episodes batched per turn), then their rewards.
 

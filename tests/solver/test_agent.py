@@ -18,7 +18,8 @@ from solver.agent import (
     run_episodes,
     solver_messages,
 )
-from solver.ranker import Ranker, SearchTool, strip_eos
+from solver.ranker import Ranker, strip_eos
+from solver.search_tool import SearchTool
 
 TASK = Task("t1", "What is the capital of France?", ["Paris"], ["p3"])
 TASK2 = Task("t2", "Which river flows through Germany?", ["Rhine"], ["p4"])

@@ -3,7 +3,8 @@ import pytest
 
 from coevo.core.config import RankerConfig, SolverConfig
 from solver.agent import Task, run_episodes, solver_messages
-from solver.ranker import Ranker, SearchTool
+from solver.ranker import Ranker
+from solver.search_tool import SearchTool
 
 TASK = Task("t1", "What is the capital of France?", ["Paris"], ["p3"])
 

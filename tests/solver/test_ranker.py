@@ -11,9 +11,7 @@ from evidence.corpus import Passage
 from solver.ranker import (
     Ranker,
     SearchRequest,
-    SearchTool,
     build_ranker,
-    format_documents,
     oracle_order,
     parse_rerank,
     ranker_messages,
@@ -21,6 +19,7 @@ from solver.ranker import (
     shares_solver_policy,
 )
 from solver.ranker_prompt import fit_prompt
+from solver.search_tool import SearchTool, format_documents
 
 REASON = "<reason>doc 3 names the capital</reason>"
 

@@ -27,7 +27,8 @@ from coevo.evaluate.metrics import (
 )
 from evidence.corpus import Corpus, Passage
 from evidence.retrieval import Hit
-from solver.ranker import Ranker, RankerCall, SearchTool
+from solver.ranker import Ranker, RankerCall
+from solver.search_tool import SearchTool
 
 REPO = Path(__file__).resolve().parents[3]
 

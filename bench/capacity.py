@@ -1,6 +1,6 @@
 """Benchmark (not a test): what the untrained solver can answer when the answer is in the corpus.
 
-    .venv/bin/python bench/capacity.py [--limit 70] [--data FILE] [--modes none,frozen,oracle]
+    .venv/bin/python -m bench.capacity [--limit 70] [--data FILE] [--modes none,frozen,oracle]
         [--searches 1,2] [--rollout vllm|hf] [--out DIR] [--timeout S] [-- HYDRA_OVERRIDES...]
 
 The ceiling the hop curriculum aims at. For each ranker mode in `--modes` and each search budget
@@ -43,12 +43,11 @@ from collections import Counter
 from pathlib import Path
 from typing import Any, Optional, Sequence
 
-_ROOT = Path(__file__).resolve().parents[1]
-sys.path[:] = [str(_ROOT)] + [p for p in sys.path if Path(p or ".").resolve() != _ROOT / "bench"]
+from coevo.core.io import atomic_write_text
+from coevo.core.scoring import echoes, normalize_answer
+from coevo.core.stats import mean
 
-from coevo.core.io import atomic_write_text  # noqa: E402
-from coevo.core.scoring import echoes, normalize_answer  # noqa: E402
-from coevo.core.stats import mean  # noqa: E402
+_ROOT = Path(__file__).resolve().parents[1]
 
 MODES = ("none", "frozen", "oracle")
 SCORES = ("em", "f1", "cover_em", "answer_in_observation", "echo")

@@ -2,31 +2,27 @@
 
 Gold-passage recall@10 on the dev questions of the numpy dense path (dense_minilm) and of
 dense_faiss over a Flat index written from the same vectors and loaded through
-`retrieval.index_path` with the corpus file unchanged (ids = line order), the share of
+`retrieval.faiss.index_path` with the corpus file unchanged (ids = line order), the share of
 questions whose top-10 ids agree in order, and recall / build seconds of HNSW and IVF-PQ
 indexes built from those vectors. The MiniLM encoding of wiki_mini is the cost (≈ 30 min on 2
 cores, once; then from the cache).
-Usage: .venv/bin/python bench/dense_faiss.py [--cache DIR] [--limit N]
+Usage: .venv/bin/python -m bench.dense_faiss [--cache DIR] [--limit N]
 """
 from __future__ import annotations
 
 import argparse
 import json
-import sys
 import tempfile
 import time
-from pathlib import Path
 
-sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
+import faiss
+import numpy as np
 
-import faiss  # noqa: E402
-import numpy as np  # noqa: E402
-
-from coevo.core.config import RetrievalConfig  # noqa: E402
-from coevo.core.inputs import load_labelled_questions  # noqa: E402
-from evidence.corpus import load_corpus, shared_data_dir  # noqa: E402
-from evidence.dense_faiss import build_index, encode, factory_string  # noqa: E402
-from evidence.retrieval import build_retriever  # noqa: E402
+from coevo.core.config import FaissConfig, RetrievalConfig
+from coevo.core.inputs import load_labelled_questions
+from evidence.corpus import load_corpus, shared_data_dir
+from evidence.dense_faiss import build_index, encode, factory_string
+from evidence.retrieval import build_retriever
 
 
 def recall_at_10(rows: list[list[str]], gold: list[list[str]]) -> float:
@@ -48,15 +44,15 @@ def main() -> None:
         flat = faiss.IndexFlatIP(numpy_r.embeddings.shape[1])
         flat.add(numpy_r.embeddings)
         faiss.write_index(flat, f"{tmp}/flat.index")
-        faiss_r = build_retriever(load_corpus(data / "corpus.jsonl.gz"),
-                                  RetrievalConfig(backend="dense_faiss", index_path=f"{tmp}/flat.index"))
+        prebuilt = RetrievalConfig(backend="dense_faiss", faiss=FaissConfig(index_path=f"{tmp}/flat.index"))
+        faiss_r = build_retriever(load_corpus(data / "corpus.jsonl.gz"), prebuilt)
         a = [[h.passage_id for h in row] for row in faiss_r.search(texts, 10)]
     b = [[h.passage_id for h in row] for row in numpy_r.search(texts, 10)]
     report = {"n_questions": len(texts), "n_passages": len(corpus), "recall@10": {
         "dense_minilm": recall_at_10(b, gold), "dense_faiss_flat": recall_at_10(a, gold)},
         "same_ids_in_order": round(float(np.mean([x == y for x, y in zip(a, b)])), 4), "build_s": {}}
     q = encode(faiss_r.encoder, texts, 64, True)
-    for cfg in (RetrievalConfig(index_type="hnsw"), RetrievalConfig(index_type="ivf_pq")):
+    for cfg in (FaissConfig(index_type="hnsw"), FaissConfig(index_type="ivf_pq")):
         factory = factory_string(cfg, len(corpus), q.shape[1], corpus.name)
         t0 = time.perf_counter()
         index = build_index(numpy_r.embeddings, factory, cfg)

@@ -12,7 +12,7 @@ episode_batch_s, ranker_grouped_share, update_s {solver, ranker}.
   null when that batch is empty (every group had zero reward variance, so a real step
   would not update). Diagnostics (batch sizes, end reasons) go to stderr.
 
-    .venv/bin/python bench/episode.py [--questions 32] [--max-new-tokens 128] [--seed 0]
+    .venv/bin/python -m bench.episode [--questions 32] [--max-new-tokens 128] [--seed 0]
 """
 from __future__ import annotations
 
@@ -21,21 +21,15 @@ import json
 import os
 import sys
 import time
-from pathlib import Path
 from typing import Any
 
-# Run as a script, Python puts bench/ first on sys.path, where sibling scripts (bench/evidence.py)
-# would shadow the project's packages of the same name: the repo root goes first instead.
-_ROOT = Path(__file__).resolve().parents[1]
-sys.path[:] = [str(_ROOT)] + [p for p in sys.path if Path(p or ".").resolve() != _ROOT / "bench"]
+import torch
 
-import torch  # noqa: E402
-
-from coevo.core.config import compose  # noqa: E402
-from coevo.core.types import SamplingParams  # noqa: E402
-from coevo.orchestrate.actors import create_local_actors  # noqa: E402
-from coevo.orchestrate.loop import role_batches, solve_tasks  # noqa: E402
-from coevo.orchestrate.solve import (  # noqa: E402
+from coevo.core.config import compose
+from coevo.core.types import SamplingParams
+from coevo.orchestrate.actors import create_local_actors
+from coevo.orchestrate.loop import role_batches, solve_tasks
+from coevo.orchestrate.solve import (
     SolveRootConfig,
     load_tasks,
     rollout_metrics,

@@ -14,7 +14,7 @@ answer (any alias) by an edge or a 2-edge path; answers are looked up with
 cache already holds the index, that recorded figure is reported (and the load time goes
 to stderr). `--rebuild` builds into a fresh temporary cache instead. Example paths and
 diagnostics go to stderr.
-Usage: .venv/bin/python bench/evidence.py [--targets 500] [--rebuild] [--examples 5]
+Usage: .venv/bin/python -m bench.evidence [--targets 500] [--rebuild] [--examples 5]
 """
 from __future__ import annotations
 
@@ -27,20 +27,17 @@ import sys
 import tempfile
 import time
 from collections import Counter
-from pathlib import Path
 
-sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
+import networkx as nx
 
-import networkx as nx  # noqa: E402
-
-from coevo.core.inputs import load_labelled_questions  # noqa: E402
-from coevo.core.io import read_jsonl  # noqa: E402
-from coevo.core.types import EvidencePath  # noqa: E402
-from evidence.corpus import Corpus, load_corpus, shared_data_dir  # noqa: E402
-from evidence.entities import EntityIndex, build_entity_index  # noqa: E402
-from evidence.graph import build_graph, reach_node  # noqa: E402
-from evidence.paths import build_evidence_paths  # noqa: E402
-from evidence.retrieval import build_retriever  # noqa: E402
+from coevo.core.inputs import load_labelled_questions
+from coevo.core.io import read_jsonl
+from coevo.core.types import EvidencePath
+from evidence.corpus import Corpus, load_corpus, shared_data_dir
+from evidence.entities import EntityIndex, build_entity_index
+from evidence.graph import build_graph, reach_node
+from evidence.paths import build_evidence_paths
+from evidence.retrieval import build_retriever
 
 SEED = 0
 

@@ -1,9 +1,9 @@
 """Benchmark (not a test): kill -9 at random points of short runs, resume each, check the outputs.
 
-    .venv/bin/python bench/faults.py [--mode local|ray|solve-vllm] [--target driver|actor] [--runs 20]
+    .venv/bin/python -m bench.faults [--mode local|ray|solve-vllm] [--target driver|actor] [--runs 20]
         [--steps 4] [--kills 1] [--save-share 0.25] [--seed 0] [--step-s 2.0] [--attempt-timeout 600]
         [--workdir DIR] [--keep] [--out FILE] [-- HYDRA_OVERRIDES...]
-    nice -n 19 .venv/bin/python bench/faults.py --runs 3   # quick check
+    nice -n 19 .venv/bin/python -m bench.faults --runs 3   # quick check
 
 Run i is, by `--mode` (then the overrides after `--`), one run at a time, each in its own session,
 its output in `<workdir>/run_i.<attempt>.log`:
@@ -82,17 +82,13 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Optional, Sequence
 
-# Run as a script, Python puts bench/ first on sys.path, where sibling scripts (bench/evidence.py)
-# would shadow our packages of the same name: the repo goes first, bench/ (faults_check) after it.
+from bench.faults_check import EventFileLoader, check_run_dir, parse_jsonl
+from bench.faults_procs import engine_processes, orphans_after, run_tokens
+from coevo.core.events import EVENTS_NAME, READY, STEP, read_events
+from coevo.core.io import atomic_write_text
+from coevo.core.lifetime import TOKENS_ENV, Proc, descendants, ensure_reaper, kill, process_table
+
 ROOT = Path(__file__).resolve().parents[1]
-sys.path[:] = [str(ROOT), str(ROOT / "bench")] + [p for p in sys.path if Path(p or ".").resolve() != ROOT / "bench"]
-
-from faults_check import EventFileLoader, check_run_dir, parse_jsonl  # noqa: E402
-from faults_procs import engine_processes, orphans_after, run_tokens  # noqa: E402
-
-from coevo.core.events import EVENTS_NAME, READY, STEP, read_events  # noqa: E402
-from coevo.core.io import atomic_write_text  # noqa: E402
-from coevo.core.lifetime import TOKENS_ENV, Proc, descendants, ensure_reaper, kill, process_table  # noqa: E402
 
 MODES = ("local", "ray", "solve-vllm")
 TARGETS = ("driver", "actor")
@@ -381,7 +377,7 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
     args = parse_args(argv)
     t0 = time.monotonic()
     args.workdir.mkdir(parents=True, exist_ok=True)
-    config = {"command": " ".join(["python", "bench/faults.py", *argv]),
+    config = {"command": " ".join(["python", "-m", "bench.faults", *argv]),
               **{k: str(v) if isinstance(v, Path) else v for k, v in vars(args).items()}}
     reaper = ensure_reaper()  # a killed benchmark takes its runs with it: they carry this reaper's token
     own_tokens = {reaper.token} if reaper else set()

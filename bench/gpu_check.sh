@@ -66,5 +66,5 @@ EOF
 timeout 240 $PY "$CHECK"
 
 echo "== 3/3 bench/rollout.py smollm2-135m (bf16, CUDA graphs on)"
-timeout 240 $PY bench/rollout.py --model smollm2-135m --no-enforce-eager
+timeout 240 $PY -m bench.rollout --model smollm2-135m --no-enforce-eager
 echo "== done"

@@ -1,6 +1,6 @@
 """Benchmark (not a test): lazy against eager annotation on the whole of wiki_mini, one JSON line.
 
-    .venv/bin/python bench/lazy_paths.py [--targets 200] [--work runs/lazy-paths]
+    .venv/bin/python -m bench.lazy_paths [--targets 200] [--work runs/lazy-paths]
 
 Builds (or loads from `--work`/cache) the eager entity index of wiki_mini's 14,308 passages, then
 builds evidence paths for the answers of the dev questions with both indexes: the lazy one takes
@@ -15,12 +15,10 @@ import argparse
 import json
 import os
 import shutil
-import sys
 import time
 from pathlib import Path
 
 ROOT = Path(__file__).resolve().parent.parent
-sys.path.insert(0, str(ROOT))
 
 
 def main(argv: list[str] | None = None) -> None:

@@ -1,9 +1,9 @@
 """Benchmark (not a test): does co-evolution learn? A trained arm against a frozen control.
 
-    .venv/bin/python bench/learning.py [--steps 4] [--eval-limit 70] [--eval-data FILE] [--eval-rollout vllm|hf]
+    .venv/bin/python -m bench.learning [--steps 4] [--eval-limit 70] [--eval-data FILE] [--eval-rollout vllm|hf]
         [--out DIR] [--png FILE] [--ray] [--seed 0] [--arm-timeout S] [--parallel] [--eval-arg KEY=VALUE ...]
         [-- HYDRA_OVERRIDES...]
-    .venv/bin/python bench/learning.py --steps 2 --eval-limit 1 --eval-rollout hf -- experiment=smoke  # minutes
+    .venv/bin/python -m bench.learning --steps 2 --eval-limit 1 --eval-rollout hf -- experiment=smoke  # minutes
 
 Runs `python -m coevo.run` twice, one arm after the other (`--parallel`: both at once, each
 arm then its eval), with the same seed, data and
@@ -26,7 +26,7 @@ with `error` set; the line is printed anyway, and the exit status is then 1 (0 w
 and eval succeeded). Overrides that do not compose stop before any run: `arms` is empty and a
 top-level `error` says why. `png_error` appears only when the plot failed.
 
-    {"steps": N, "wall_s": seconds, "command": "python bench/learning.py ...", "overrides": [...],
+    {"steps": N, "wall_s": seconds, "command": "python -m bench.learning ...", "overrides": [...],
      "out": dir, "png": file, "arms": {"trained": ARM, "control": ARM}}
     ARM = {"run_dir", "run_command", "run_s", "returncode", "error" (null when fine),
            "series": {...}, "eval": {...} | null}
@@ -70,15 +70,12 @@ from collections import deque
 from pathlib import Path
 from typing import Any, Optional, Sequence
 
-# Run as a script, Python puts bench/ first on sys.path, where sibling scripts (bench/evidence.py)
-# would shadow the project's packages of the same name: the repo root goes first instead.
-_ROOT = Path(__file__).resolve().parents[1]
-sys.path[:] = [str(_ROOT)] + [p for p in sys.path if Path(p or ".").resolve() != _ROOT / "bench"]
+from coevo.core.io import atomic_write_text
+from coevo.evaluate.report import load_run
+from coevo.evaluate.series import extract_series  # the per-step series, shared with coevo.inspect
+from coevo.train.checkpoint import latest_checkpoint
 
-from coevo.core.io import atomic_write_text  # noqa: E402
-from coevo.evaluate.report import load_run  # noqa: E402
-from coevo.evaluate.series import extract_series  # noqa: E402  (the per-step series, shared with coevo.inspect)
-from coevo.train.checkpoint import latest_checkpoint  # noqa: E402
+_ROOT = Path(__file__).resolve().parents[1]
 
 ARMS = ("trained", "control")
 FROZEN = ["proposer.frozen=true", "solver.frozen=true", "ranker.frozen=true"]
@@ -317,9 +314,9 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
     argv = list(sys.argv[1:] if argv is None else argv)
     args = parse_args(argv)
     t0 = time.perf_counter()
-    result: dict[str, Any] = {"steps": args.steps, "wall_s": None, "command": shlex.join(["python", "bench/learning.py",
-                              *argv]), "overrides": args.overrides, "out": str(args.out), "png": str(args.png),
-                              "arms": {}}
+    command = shlex.join(["python", "-m", "bench.learning", *argv])
+    result: dict[str, Any] = {"steps": args.steps, "wall_s": None, "command": command, "overrides": args.overrides,
+                              "out": str(args.out), "png": str(args.png), "arms": {}}
     try:
         mode = ranker_mode(args.overrides)
     except Exception as e:  # a bad override: both arms would fail the same way

@@ -1,6 +1,6 @@
 """Benchmark (not a test): what each issue-11 lever does to the untrained policies' first step.
 
-    .venv/bin/python bench/levers.py [--questions 12] [--ranker-questions 16] [--seed 0] [--out FILE]
+    .venv/bin/python -m bench.levers [--questions 12] [--ranker-questions 16] [--seed 0] [--out FILE]
         [--proposer-arms NAME...] [--ranker-arms NAME...] [--solver-questions 16] [--solver-arms NAME...]
         [-- BASE_OVERRIDES...]
 
@@ -44,21 +44,20 @@ from collections import Counter
 from pathlib import Path
 from typing import Any
 
-_ROOT = Path(__file__).resolve().parents[1]  # the repo root first: bench/evidence.py must not shadow evidence/
-sys.path[:] = [str(_ROOT)] + [p for p in sys.path if Path(p or ".").resolve() != _ROOT / "bench"]
+from coevo.core.config import compose, to_object
+from coevo.core.inputs import load_reference_questions
+from coevo.core.io import atomic_write_text, read_jsonl
+from coevo.orchestrate.actors import create_local_actors
+from coevo.orchestrate.loop import propose_tasks, solve_tasks
+from proposer.pipeline import Candidate
+from proposer.reward import invalid_reward
+from solver.agent import Task
+from solver.grouping import group_calls, task_calls
+from solver.ranker import SearchRequest, build_ranker
+from solver.search_tool import SearchTool
+from solver.training import episodes_by_task, score_ranker, score_solver
 
-from coevo.core.config import compose, to_object  # noqa: E402
-from coevo.core.inputs import load_reference_questions  # noqa: E402
-from coevo.core.io import atomic_write_text, read_jsonl  # noqa: E402
-from coevo.orchestrate.actors import create_local_actors  # noqa: E402
-from coevo.orchestrate.loop import propose_tasks, solve_tasks  # noqa: E402
-from proposer.pipeline import Candidate  # noqa: E402
-from proposer.reward import invalid_reward  # noqa: E402
-from solver.agent import Task  # noqa: E402
-from solver.grouping import group_calls, task_calls  # noqa: E402
-from solver.ranker import SearchRequest, build_ranker  # noqa: E402
-from solver.search_tool import SearchTool  # noqa: E402
-from solver.training import episodes_by_task, score_ranker, score_solver  # noqa: E402
+_ROOT = Path(__file__).resolve().parents[1]
 
 FROZEN = ["proposer.frozen=true", "solver.frozen=true", "ranker.frozen=true", "run.memory_check=false"]
 PROPOSER_ARMS: dict[str, list[str]] = {

@@ -1,9 +1,9 @@
 """Benchmark (not a test): this machine's limits, and each stage of a learning step as a fraction of its limit.
 
-    .venv/bin/python bench/limits.py                                   # GEMM peaks + vLLM decode (SmolLM2-135M)
-    .venv/bin/python bench/limits.py --metrics runs/x/metrics.jsonl    # ... and that run's stages against them
-    .venv/bin/python bench/limits.py --tiny --no-decode                # seconds: 256^3 GEMMs, no engine
-    .venv/bin/python bench/limits.py solver.group_size=8               # overrides change the default --batch
+    .venv/bin/python -m bench.limits                                   # GEMM peaks + vLLM decode (SmolLM2-135M)
+    .venv/bin/python -m bench.limits --metrics runs/x/metrics.jsonl    # ... and that run's stages against them
+    .venv/bin/python -m bench.limits --tiny --no-decode                # seconds: 256^3 GEMMs, no engine
+    .venv/bin/python -m bench.limits solver.group_size=8               # overrides change the default --batch
 
 Limits, measured here:
 - matmul peak: best-of-`--repeats` `torch.mm` of two `--size` square matrices (one warm-up call first), on
@@ -51,21 +51,15 @@ import json
 import os
 import random
 import statistics
-import sys
 import time
 from pathlib import Path
 from types import SimpleNamespace
 from typing import Any, Optional
 
-# Run as a script, Python puts bench/ first on sys.path, where sibling scripts (bench/evidence.py)
-# would shadow our packages of the same name: the repo goes first, bench/ (rollout) after it.
-ROOT = Path(__file__).resolve().parents[1]
-sys.path[:] = [str(ROOT), str(ROOT / "bench")] + [p for p in sys.path if Path(p or ".").resolve() != ROOT / "bench"]
+import torch
 
-import torch  # noqa: E402
-
-from coevo.core.config import compose  # noqa: E402
-from coevo.core.io import atomic_write_text, iter_jsonl  # noqa: E402
+from coevo.core.config import compose
+from coevo.core.io import atomic_write_text, iter_jsonl
 
 BF16_FLAGS = ("avx512_bf16", "amx_bf16")
 REPORTED_FLAGS = ("avx2", "fma", "avx512f", "avx512_bf16", "avx512_vnni", "amx_tile", "amx_bf16")
@@ -204,8 +198,7 @@ def decode_rate(args: argparse.Namespace, batch: int) -> dict[str, Any]:
     """vLLM pure-decode tokens/s at `batch` rows (engine start-up excluded); checks every row decoded fully."""
     # After argparse: --no-decode runs never import vLLM or load a model. bench/rollout.py also
     # routes vLLM's logging to stderr on import (stdout is the one JSON line).
-    from rollout import throughput
-
+    from bench.rollout import throughput
     from coevo.core.config import PolicyConfig
     from coevo.core.types import SamplingParams
     from coevo.train.engines.vllm import VLLMEngine

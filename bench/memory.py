@@ -1,24 +1,24 @@
 """Benchmark (not a test): memory of the whole `coevo.solve` process tree, per stage, per batch size.
 
-    .venv/bin/python bench/memory.py [--engines hf vllm] [--sizes 8 16 32] [--steps 20] [--long-size 16]
+    .venv/bin/python -m bench.memory [--engines hf vllm] [--sizes 8 16 32] [--steps 20] [--long-size 16]
         [--size-steps 3] [--group-size 4] [--model-args HYDRA_OVERRIDE ...] [--out FILE] [--png FILE]
         [--rss-cap-mb MB] [--run-timeout S] [--interval 0.5] [--pss-interval 5]
-    .venv/bin/python bench/memory.py --merge A.json B.json --out all.json   # join parts run separately
+    .venv/bin/python -m bench.memory --merge A.json B.json --out all.json   # join parts run separately
 
 Full measurement (SmolLM2-135M solver + trainable ranker, the default config, G=4 so 2/4/8 questions
 a step; the machine to itself). Estimated 2-4 h on the 2-core 24 GB machine, not measured: it
 assumes 2-5 min a step at 16 sequences, so the two 20-step runs take most of it. Six runs, one
 after the other; each prints its wall_s to stderr when it ends. Both engines at once:
-    .venv/bin/python bench/memory.py --engines hf vllm --sizes 8 16 32 --steps 20 \\
+    .venv/bin/python -m bench.memory --engines hf vllm --sizes 8 16 32 --steps 20 \\
         --rss-cap-mb 21000 --out runs/memory/memory.json --png docs/memory.png
 or in two parts (1-2 h each), joined afterwards:
-    .venv/bin/python bench/memory.py --engines hf --rss-cap-mb 21000 --out runs/memory/hf.json
-    .venv/bin/python bench/memory.py --engines vllm --rss-cap-mb 21000 --out runs/memory/vllm.json
-    .venv/bin/python bench/memory.py --merge runs/memory/hf.json runs/memory/vllm.json \\
+    .venv/bin/python -m bench.memory --engines hf --rss-cap-mb 21000 --out runs/memory/hf.json
+    .venv/bin/python -m bench.memory --engines vllm --rss-cap-mb 21000 --out runs/memory/vllm.json
+    .venv/bin/python -m bench.memory --merge runs/memory/hf.json runs/memory/vllm.json \\
         --out runs/memory/memory.json --png docs/memory.png
 Smoke check (tiny random models; about 1 min with hf, 7 min with vllm, whose two tiny engines
 take 3 min to start each run; tree peak 4.4 GB):
-    .venv/bin/python bench/memory.py --engines hf vllm --sizes 4 8 --steps 3 --size-steps 2 --group-size 2 \\
+    .venv/bin/python -m bench.memory --engines hf vllm --sizes 4 8 --steps 3 --size-steps 2 --group-size 2 \\
         --model-args experiment=smoke solver.gpu_memory_utilization=0.01 ranker.gpu_memory_utilization=0.01
 
 Each run is `python -m coevo.solve` in a subprocess (the real stack: driver, its reaper, the
@@ -78,14 +78,12 @@ import time
 from pathlib import Path
 from typing import Any, Mapping, Optional, Sequence
 
+from bench.memory_trace import Trace, end_tree, stage_keys, summarize, watch
+from coevo.core.io import atomic_write_text
+from coevo.core.lifetime import ensure_reaper
+from coevo.core.stages import STAGE_FILE_ENV
+
 ROOT = Path(__file__).resolve().parent.parent
-sys.path[:0] = [str(ROOT), str(Path(__file__).resolve().parent)]  # coevo, and memory_trace beside this file
-
-from memory_trace import Trace, end_tree, stage_keys, summarize, watch  # noqa: E402
-
-from coevo.core.io import atomic_write_text  # noqa: E402
-from coevo.core.lifetime import ensure_reaper  # noqa: E402
-from coevo.core.stages import STAGE_FILE_ENV  # noqa: E402
 
 STAGE_COLORS = {"load": "#bbbbbb", "rollout": "#9ecae1", "update": "#fcbba1", "logprobs": "#fdae6b",
                 "backward": "#fb6a4a", "sync": "#bcbddc"}
@@ -331,7 +329,7 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
     t0 = time.time()
     args.out.parent.mkdir(parents=True, exist_ok=True)
     config: dict[str, Any] = {
-        "command": " ".join(["python", "bench/memory.py", *(sys.argv[1:] if argv is None else argv)]),
+        "command": " ".join(["python", "-m", "bench.memory", *(sys.argv[1:] if argv is None else argv)]),
         "measure": "rss: sum of VmRSS over the driver's process tree (shared pages counted per process); "
                    "pss: sum of Pss (smaps_rollup); MB = MiB",
         "cpus": os.cpu_count(), "mem_total_mb": os.sysconf("SC_PHYS_PAGES") * os.sysconf("SC_PAGE_SIZE") // 2**20}

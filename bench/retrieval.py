@@ -2,23 +2,19 @@
 
 qps of bm25s vs rank-bm25 on the same dev questions, index build seconds, and gold-passage
 recall@{1,5,10,50} for bm25s, rank-bm25 and dense MiniLM.
-Usage: .venv/bin/python bench/retrieval.py [--limit N] [--cache DIR]
+Usage: .venv/bin/python -m bench.retrieval [--limit N] [--cache DIR]
 """
 from __future__ import annotations
 
 import argparse
 import json
-import sys
 import tempfile
 import time
-from pathlib import Path
 
-sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
-
-from coevo.core.inputs import LabelledQuestion, load_labelled_questions  # noqa: E402
-from coevo.core.stats import mean  # noqa: E402
-from evidence.corpus import load_corpus, shared_data_dir  # noqa: E402
-from evidence.retrieval import Hit, Retriever, build_retriever  # noqa: E402
+from coevo.core.inputs import LabelledQuestion, load_labelled_questions
+from coevo.core.stats import mean
+from evidence.corpus import load_corpus, shared_data_dir
+from evidence.retrieval import Hit, Retriever, build_retriever
 
 KS = (1, 5, 10, 50)
 

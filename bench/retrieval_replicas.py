@@ -1,6 +1,6 @@
 """Benchmark (not a test): search throughput of `retrieval.replicas` = 1, 2, ... Ray retrieval actors.
 
-    .venv/bin/python bench/retrieval_replicas.py [--replicas 1 2] [--batch 64] [--k 50] [--rounds 5]
+    .venv/bin/python -m bench.retrieval_replicas [--replicas 1 2] [--batch 64] [--k 50] [--rounds 5]
         [--corpus wiki_mini] [--backend bm25s]
 
 Each replica count gets a fresh local Ray cluster with that many `RetrievalWorker` actors
@@ -20,22 +20,17 @@ from __future__ import annotations
 import argparse
 import json
 import os
-import sys
 import time
-from pathlib import Path
 from typing import Any
 
-BENCH = Path(__file__).resolve().parent
-sys.path[:0] = [str(BENCH.parent), str(BENCH)]  # coevo, and memory_trace beside this file
+import ray
 
-import ray  # noqa: E402
-from memory_trace import proc_kb  # noqa: E402
-
-from coevo.core.config import compose, to_object  # noqa: E402
-from coevo.core.inputs import load_labelled_questions  # noqa: E402
-from coevo.orchestrate.actors import RemoteRetriever, RetrievalWorker  # noqa: E402
-from coevo.orchestrate.hostpaths import for_workers  # noqa: E402
-from evidence.corpus import shared_data_dir  # noqa: E402
+from bench.memory_trace import proc_kb
+from coevo.core.config import compose, to_object
+from coevo.core.inputs import load_labelled_questions
+from coevo.orchestrate.actors import RemoteRetriever, RetrievalWorker
+from coevo.orchestrate.hostpaths import for_workers
+from evidence.corpus import shared_data_dir
 
 
 def _kb(pid: int, file: str, key: str) -> int:

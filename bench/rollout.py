@@ -12,8 +12,8 @@ JSON line with exactly:
   reset_prefix_cache; or CUDA IPC with --weight-sync ipc).
 Diagnostics (device, dtype, token counts, seconds) go to stderr.
 
-    .venv/bin/python bench/rollout.py                     # CPU: SmolLM2-135M, fp32
-    python bench/rollout.py --model Qwen/Qwen2.5-3B-Instruct --no-enforce-eager   # GPU: bf16 by default
+    .venv/bin/python -m bench.rollout                     # CPU: SmolLM2-135M, fp32
+    python -m bench.rollout --model Qwen/Qwen2.5-3B-Instruct --no-enforce-eager   # GPU: bf16 by default
 """
 from __future__ import annotations
 

@@ -1,6 +1,6 @@
 """Benchmark (not a test): retrieval at 100k-3M passages on this machine, one JSON line per size.
 
-    .venv/bin/python bench/scale.py [--sizes 100000,1000000,3000000] [--kinds bm25s,flat,hnsw]
+    .venv/bin/python -m bench.scale [--sizes 100000,1000000,3000000] [--kinds bm25s,flat,hnsw]
         [--work runs/scale] [--queries 256] [--annotation lazy] [--stats-sample 20000] [--targets 21]
         [--paths-max 0] [--seed 0]
 
@@ -48,7 +48,6 @@ from pathlib import Path
 from typing import Any, Optional
 
 ROOT = Path(__file__).resolve().parent.parent
-sys.path.insert(0, str(ROOT))
 
 SENTENCE = re.compile(r"(?<=[.!?])\s+(?=[A-Z0-9\"'(])")  # a sentence ends before a capital after . ! ?
 GB = 1024 ** 3
@@ -143,11 +142,11 @@ def child_faiss(n: int, kind: str, queries: int, seed: int) -> dict[str, Any]:
     import faiss
     import numpy as np
 
-    from coevo.core.config import RetrievalConfig
+    from coevo.core.config import FaissConfig
     from evidence.dense_faiss import build_index, factory_string
 
     dim = 384  # the bundled MiniLM's size (e5-base: 768, twice the bytes and flops)
-    cfg = RetrievalConfig(backend="dense_faiss", index_type=kind)
+    cfg = FaissConfig(index_type=kind)
     rng = np.random.default_rng(seed)
     vectors = rng.standard_normal((n, dim), dtype=np.float32)
     vectors /= np.linalg.norm(vectors, axis=1, keepdims=True)
@@ -167,12 +166,12 @@ def child_faiss(n: int, kind: str, queries: int, seed: int) -> dict[str, Any]:
 
 
 def child_encode(corpus: Path, count: int = 256) -> dict[str, Any]:
-    from coevo.core.config import RetrievalConfig
+    from coevo.core.config import FaissConfig
     from evidence.dense_faiss import encode, load_encoder, passage_text
 
     with open(corpus) as f:
         rows = [json.loads(line) for _, line in zip(range(count), f)]
-    cfg = RetrievalConfig(backend="dense_faiss")
+    cfg = FaissConfig()
     encoder = load_encoder(cfg)
     texts = [passage_text(r["title"], r["text"]) for r in rows]
     encode(encoder, texts[:16], 16, True)  # warm-up
@@ -248,12 +247,13 @@ CHILDREN = {"bm25s-build": lambda a: child_bm25s(a.corpus, "build", a.data, a.qu
 
 def run_child(what: str, n: int, corpus: Path, args: argparse.Namespace) -> dict[str, Any]:
     """One child measurement: its JSON plus `peak_rss_gb`, `peak_anon_gb` (the child's own peaks) and `wall_s`."""
-    cmd = [sys.executable, __file__, "--child", what, "--n", str(n), "--corpus", str(corpus),
-           "--data", str(args.data), "--queries", str(args.queries), "--seed", str(args.seed),
+    # The child runs from the repo root (`-m bench.scale`): its paths are absolute.
+    cmd = [sys.executable, "-m", "bench.scale", "--child", what, "--n", str(n), "--corpus", os.path.abspath(corpus),
+           "--data", os.path.abspath(args.data), "--queries", str(args.queries), "--seed", str(args.seed),
            "--stats-sample", str(args.stats_sample), "--targets", str(args.targets)]
-    env = {**os.environ, "COEVO_CACHE": str(args.work / "cache"), "TOKENIZERS_PARALLELISM": "false"}
+    env = {**os.environ, "COEVO_CACHE": os.path.abspath(args.work / "cache"), "TOKENIZERS_PARALLELISM": "false"}
     t0 = time.perf_counter()
-    proc = subprocess.Popen(cmd, env=env, stdout=subprocess.PIPE, text=True)
+    proc = subprocess.Popen(cmd, cwd=ROOT, env=env, stdout=subprocess.PIPE, text=True)
     anon = [0]
     sampler = threading.Thread(target=_sample_anon, args=(proc.pid, anon), daemon=True)
     sampler.start()

@@ -1,8 +1,8 @@
 """Benchmark (not a test): one GRPO `Policy.update` on a shape-faithful random-weight model, beside the planner.
 
-    .venv/bin/python bench/update.py --model qwen2.5-7b --mode lora --tokens 8x4096 --device cuda
-    .venv/bin/python bench/update.py --model qwen2.5-3b --mode full --tokens 8x4096 --checkpointing
-    .venv/bin/python bench/update.py --model tiny-random --tokens 4x256          # CPU, seconds
+    .venv/bin/python -m bench.update --model qwen2.5-7b --mode lora --tokens 8x4096 --device cuda
+    .venv/bin/python -m bench.update --model qwen2.5-3b --mode full --tokens 8x4096 --checkpointing
+    .venv/bin/python -m bench.update --model tiny-random --tokens 4x256          # CPU, seconds
 
 The model is built from its config (a preset's public config values, coevo/train/shapes.py,
 or a local directory's config.json) with random weights: nothing is downloaded. `--tokens BxT`:
@@ -25,22 +25,20 @@ import argparse
 import json
 import random
 import resource
-import sys
 import time
 from pathlib import Path
 
+import torch
+from transformers import AutoConfig, AutoModelForCausalLM
+
+from coevo.core.config import compose, to_object
+from coevo.core.types import TrainSequence
+from coevo.train.models import _build_tiny_tokenizer, resolve_model_path
+from coevo.train.plan import GB, role_plan
+from coevo.train.policy import Policy
+from coevo.train.shapes import adapter_parameters, public_config, shape_of
+
 _ROOT = Path(__file__).resolve().parents[1]
-sys.path[:] = [str(_ROOT)] + [p for p in sys.path if Path(p or ".").resolve() != _ROOT / "bench"]
-
-import torch  # noqa: E402
-from transformers import AutoConfig, AutoModelForCausalLM  # noqa: E402
-
-from coevo.core.config import compose, to_object  # noqa: E402
-from coevo.core.types import TrainSequence  # noqa: E402
-from coevo.train.models import _build_tiny_tokenizer, resolve_model_path  # noqa: E402
-from coevo.train.plan import GB, role_plan  # noqa: E402
-from coevo.train.policy import Policy  # noqa: E402
-from coevo.train.shapes import adapter_parameters, public_config, shape_of  # noqa: E402
 
 
 def parse_args(argv: list[str] | None = None) -> argparse.Namespace:

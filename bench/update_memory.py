@@ -17,8 +17,8 @@ Sequences are seeded random tokens: the first quarter is prompt (loss mask 0), t
 policy tokens with advantage +1 / -1 alternately and no old log-probs (so they are recomputed,
 the on-policy path). Diagnostics go to stderr.
 
-    .venv/bin/python bench/update_memory.py                        # smollm2-135m, 1024 tokens
-    .venv/bin/python bench/update_memory.py --model tiny-random --seq-len 256
+    .venv/bin/python -m bench.update_memory                        # smollm2-135m, 1024 tokens
+    .venv/bin/python -m bench.update_memory --model tiny-random --seq-len 256
 """
 from __future__ import annotations
 
@@ -148,7 +148,7 @@ def main() -> None:
         return
     runs = {}
     for size in [int(s) for s in args.sizes.split(",") if s.strip()]:
-        cmd = [sys.executable, str(Path(__file__).resolve()), "--child", str(size), "--model", args.model,
+        cmd = [sys.executable, "-m", "bench.update_memory", "--child", str(size), "--model", args.model,
                "--seq-len", str(args.seq_len), "--micro-batch-size", str(args.micro_batch_size),
                "--num-gpus", str(args.num_gpus)]
         runs[size] = run_child(cmd, args.rss_cap_mb)

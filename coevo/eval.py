@@ -4,7 +4,8 @@
     python -m coevo.eval --compare a.json b.json                         # side by side, deltas B - A
     python -m coevo.eval --help [group | block | key]                    # every key, documented
 
-Ends with `done: <out>` and what the result holds.
+Ends with `done: <out>` and what the result holds. Start-up (checks first, then `dry_run=true`'s
+plan or the evaluation) is coevo/startup.py's, shared with coevo.run and coevo.solve.
 """
 from __future__ import annotations
 
@@ -17,12 +18,12 @@ from omegaconf import DictConfig
 
 from coevo.core.cli import hydra_entry
 from coevo.core.config import EvalRootConfig, register_schema
-from coevo.core.console import report_error, setup_logging
 from coevo.evaluate.harness import run_eval, to_eval_object
 from coevo.evaluate.metrics import compare_files, format_table, result_title
 from coevo.orchestrate.persist import error_line
-from coevo.orchestrate.stack import format_summary, load_stack_summary, model_roles
-from coevo.train.preflight import PreflightError, check_devices, check_models
+from coevo.orchestrate.stack import model_roles
+from coevo.startup import Command, start
+from coevo.train.preflight import check_devices, check_models
 
 register_schema()
 log = logging.getLogger(__name__)
@@ -35,26 +36,21 @@ def _done(cfg: EvalRootConfig, result: dict[str, Any]) -> str:
             f"ranker {cfg.ranker.mode}\n  compare with python -m coevo.eval --compare {cfg.out} <other result>.json")
 
 
-@hydra.main(config_path="../configs", config_name="eval", version_base="1.3")
-def _hydra_main(dcfg: DictConfig) -> None:
-    try:
-        cfg = to_eval_object(dcfg)
-    except (ValueError, FileNotFoundError) as e:
-        print(f"coevo.eval: error: {e}", file=sys.stderr)
-        sys.exit(2)
-    setup_logging(cfg.log.level)  # no run directory: the terminal only
+def _checks(cfg: EvalRootConfig) -> None:
+    """What eval checks before a model loads: every model located, and every num_gpus > 0 has a visible GPU."""
     if cfg.mode == "direct" and cfg.ranker.checkpoint:
         print("coevo.eval: note: mode=direct uses no ranker; ranker.checkpoint is ignored", file=sys.stderr)
-    if cfg.dry_run:
-        roles = model_roles(cfg, proposer=False, ranker=cfg.mode != "direct")
-        print(format_summary(load_stack_summary(cfg, roles)), flush=True)
-        return
-    try:
-        check_models(cfg, with_proposer=False)  # every model located before any loads
-        check_devices(cfg, with_proposer=False)  # and every num_gpus > 0 has a visible GPU
-    except PreflightError as e:
-        report_error("coevo.eval", e)
-        sys.exit(2)
+    check_models(cfg, with_proposer=False)
+    check_devices(cfg, with_proposer=False)
+
+
+def _roles(cfg: EvalRootConfig) -> tuple[str, ...]:
+    """The solver, and the ranker when it has a model and the mode retrieves."""
+    return model_roles(cfg, proposer=False, ranker=cfg.mode != "direct")
+
+
+def _real_run(cfg: EvalRootConfig, dcfg: DictConfig) -> None:
+    """`run_eval`, then the metrics table and the done lines; exit 1 (traceback logged) when it fails."""
     try:
         result = run_eval(cfg)
     except Exception as e:  # noqa: BLE001  the traceback is logged; the last line still says what happened
@@ -63,6 +59,16 @@ def _hydra_main(dcfg: DictConfig) -> None:
         sys.exit(1)
     print(format_table(result["metrics"], result_title(result)))
     print(_done(cfg, result), flush=True)
+
+
+COMMAND: Command[EvalRootConfig] = Command(
+    prog="coevo.eval", validate=to_eval_object, checks=_checks, roles=_roles, run=_real_run)
+
+
+@hydra.main(config_path="../configs", config_name="eval", version_base="1.3")
+def _hydra_main(dcfg: DictConfig) -> None:
+    """Hydra's entry: `coevo.startup.start` (checks, then the dry-run plan or the evaluation)."""
+    start(COMMAND, dcfg)
 
 
 def main(argv: Optional[list[str]] = None) -> None:

@@ -8,12 +8,14 @@ experiment keys) or `run.overwrite=true` (empty it first); see coevo/core/rundir
 Ctrl-C or SIGTERM stops after the step's outputs in progress are written whole (exit code
 128 + the signal number). The last lines are `done: <run dir>` and what it holds, also after
 a stop (coevo/orchestrate/persist.py, shared with coevo.solve). `--help` lists every key.
+`dry_run=true` makes the checks the run makes before Ray starts (models located, GPU plan, memory),
+then prints the loaded stack and exits; the start-up path is coevo/startup.py's, shared with
+coevo.solve and coevo.eval.
 """
 from __future__ import annotations
 
 import logging
 import random
-import sys
 import time
 from pathlib import Path
 from typing import Optional
@@ -23,10 +25,9 @@ from omegaconf import DictConfig
 
 from coevo.core.cli import hydra_entry
 from coevo.core.config import CoevoConfig, register_schema, to_object
-from coevo.core.console import say, setup_logging
+from coevo.core.console import say
 from coevo.core.events import READY, STEP, emit
 from coevo.core.inputs import load_reference_questions
-from coevo.core.lifetime import ensure_reaper
 from coevo.core.progress import StepBar
 from coevo.core.stopping import uninterrupted
 from coevo.orchestrate import hop_curriculum
@@ -35,8 +36,9 @@ from coevo.orchestrate.cluster import record_placement
 from coevo.orchestrate.loop import coevolution_step, step_seed
 from coevo.orchestrate.outputs import MetricsLog, step_headline, write_task_dump
 from coevo.orchestrate.persist import checkpoint_due, open_metrics, open_run, restore, run_and_report, save_step
-from coevo.orchestrate.stack import format_summary, load_stack_summary
+from coevo.orchestrate.stack import model_roles
 from coevo.orchestrate.timing import breakdown_line
+from coevo.startup import Command, run_checks, start
 from proposer.curriculum import CurriculumState
 
 register_schema()
@@ -99,21 +101,19 @@ def _loop(cfg: CoevoConfig, run_dir: Path, actors, questions: list[str], metrics
             say(breakdown_line(m["time_s"], m["tokens"], write_s, wall))
 
 
+def _real_run(cfg: CoevoConfig, dcfg: DictConfig) -> None:
+    """`train` with its done report: the lock on run.dir, run.log, the checks (`open_run`), then the steps."""
+    run_and_report("coevo.run", Path(cfg.run.dir), lambda: train(cfg, dcfg))
+
+
+COMMAND: Command[CoevoConfig] = Command(
+    prog="coevo.run", validate=to_object, checks=run_checks, roles=model_roles, run=_real_run, owns_run_dir=True)
+
+
 @hydra.main(config_path="../configs", config_name="coevo", version_base="1.3")
 def main(dcfg: DictConfig) -> None:
-    # First: Ray's processes and the engines must inherit this run's reaper token to die with it.
-    ensure_reaper()
-    try:
-        cfg = to_object(dcfg)
-    except ValueError as e:
-        print(f"coevo.run: error: {e}", file=sys.stderr)
-        sys.exit(2)
-    if cfg.dry_run:
-        setup_logging(cfg.log.level)  # terminal only: a dry run writes no run.log
-        print(format_summary(load_stack_summary(cfg)), flush=True)
-        return
-    # train: the lock on run.dir, run.log, the models located and the memory estimated, then the steps.
-    run_and_report("coevo.run", Path(cfg.run.dir), lambda: train(cfg, dcfg))
+    """Hydra's entry: `coevo.startup.start` (checks, then the dry-run plan or the run)."""
+    start(COMMAND, dcfg)
 
 
 if __name__ == "__main__":

@@ -2,7 +2,8 @@
 
 The body is `coevo.orchestrate.solve`; config `configs/solve.yaml`. The run directory, its
 checkpoints and `resume=true` follow `coevo.run`'s rules; it ends with `done: <run dir>` and
-what the directory holds.
+what the directory holds. Start-up (checks first, then `dry_run=true`'s plan or the run) is
+coevo/startup.py's, shared with coevo.run and coevo.eval.
 
     python -m coevo.solve                                       # SmolLM2 solver+ranker, wiki_mini dev
     python -m coevo.solve experiment=smoke solve.steps=1        # tiny random models
@@ -11,37 +12,44 @@ what the directory holds.
 """
 from __future__ import annotations
 
-import sys
 from pathlib import Path
 
 import hydra
 from omegaconf import DictConfig
 
 from coevo.core.cli import hydra_entry
-from coevo.core.config import register_schema
-from coevo.core.console import setup_logging
-from coevo.core.lifetime import ensure_reaper
+from coevo.core.config import SolveRootConfig, register_schema
 from coevo.orchestrate.persist import run_and_report
 from coevo.orchestrate.solve import run_solve, to_solve_object
-from coevo.orchestrate.stack import format_summary, load_stack_summary, model_roles
+from coevo.orchestrate.stack import model_roles
+from coevo.startup import Command, run_checks, start
 
 register_schema()
 
 
+def _checks(cfg: SolveRootConfig) -> None:
+    """coevo.run's checks without the proposer (and its evidence stage)."""
+    run_checks(cfg, with_proposer=False)
+
+
+def _roles(cfg: SolveRootConfig) -> tuple[str, ...]:
+    """The solver, and the ranker when it has a model."""
+    return model_roles(cfg, proposer=False)
+
+
+def _real_run(cfg: SolveRootConfig, dcfg: DictConfig) -> None:
+    """`run_solve` with its done report: the lock on run.dir, run.log, the checks (`open_run`), then the steps."""
+    run_and_report("coevo.solve", Path(cfg.run.dir), lambda: run_solve(cfg, dcfg))
+
+
+COMMAND: Command[SolveRootConfig] = Command(
+    prog="coevo.solve", validate=to_solve_object, checks=_checks, roles=_roles, run=_real_run, owns_run_dir=True)
+
+
 @hydra.main(config_path="../configs", config_name="solve", version_base="1.3")
 def main(dcfg: DictConfig) -> None:
-    ensure_reaper()  # first: the engines inherit its token and die with this process, however it ends
-    try:
-        cfg = to_solve_object(dcfg)
-    except ValueError as e:
-        print(f"coevo.solve: error: {e}", file=sys.stderr)
-        sys.exit(2)
-    if cfg.dry_run:
-        setup_logging(cfg.log.level)  # terminal only: a dry run writes no run.log
-        print(format_summary(load_stack_summary(cfg, model_roles(cfg, proposer=False))), flush=True)
-        return
-    # run_solve: the lock on run.dir, run.log, the models located and the memory estimated, then the steps.
-    run_and_report("coevo.solve", Path(cfg.run.dir), lambda: run_solve(cfg, dcfg))
+    """Hydra's entry: `coevo.startup.start` (checks, then the dry-run plan or the run)."""
+    start(COMMAND, dcfg)
 
 
 if __name__ == "__main__":

@@ -6,7 +6,7 @@ what gets built is what a run with them would otherwise build inside its actors:
   (evidence/corpus_store.py);
 - the retrieval index of `retrieval.backend` (bm25s, dense_minilm, dense_faiss: the backends'
   own cached builders; `rank_bm25` keeps nothing on disk, `http` is served elsewhere, and a
-  `retrieval.index_path` file is used as it is);
+  `retrieval.faiss.index_path` file is used as it is);
 - the entity index (evidence/entities.py), annotated in resumable shards of
   `evidence.shard_passages` passages by `evidence.build_workers` processes
   (evidence/entity_shards.py): a killed build reruns from the shards it finished. With
@@ -72,16 +72,22 @@ def index_overrides(cfg: CoevoConfig) -> list[str]:
     Derived from the config rather than the command line: an experiment preset or a config
     group sets these keys too, and these overrides reproduce the blocks whatever set them.
     """
+    return [o for block in BLOCKS for o in _changed(getattr(cfg, block), f"{block}.")]
+
+
+def _changed(node: Any, prefix: str) -> list[str]:
+    """`key=value` of every field of `node` (a dataclass; nested blocks walked) that differs from its default."""
     out = []
-    for block in BLOCKS:
-        node = getattr(cfg, block)
-        for f in dataclasses.fields(node):
-            value = getattr(node, f.name)
-            if isinstance(value, dict):  # Ray resource labels: where an actor runs, not what it builds
-                continue
-            default = f.default if f.default is not dataclasses.MISSING else f.default_factory()  # type: ignore[misc]
-            if value != default:
-                out.append(f"{block}.{f.name}={_value(value)}")
+    for f in dataclasses.fields(node):
+        value = getattr(node, f.name)
+        if dataclasses.is_dataclass(value):  # a backend's block (`retrieval.faiss`)
+            out += _changed(value, f"{prefix}{f.name}.")
+            continue
+        if isinstance(value, dict):  # Ray resource labels: where an actor runs, not what it builds
+            continue
+        default = f.default if f.default is not dataclasses.MISSING else f.default_factory()  # type: ignore[misc]
+        if value != default:
+            out.append(f"{prefix}{f.name}={_value(value)}")
     return out
 
 
@@ -93,10 +99,10 @@ def build_command(cfg: CoevoConfig) -> str:
 def missing_indexes(cfg: CoevoConfig, corpus: Corpus | CorpusDigest, entities: bool = True) -> list[tuple[str, Path]]:
     """(what, cache path) of each index `cfg` needs over `corpus` that is not a complete cache entry.
 
-    A `retrieval.index_path` file is the user's, never built here (its retriever checks it).
+    A `retrieval.faiss.index_path` file is the user's, never built here (its retriever checks it).
     """
     out: list[tuple[str, Path]] = []
-    if not cfg.retrieval.index_path:
+    if not cfg.retrieval.faiss.index_path:
         path = index_cache_path(corpus, cfg.retrieval)  # type: ignore[arg-type]  # a digest has what keys need
         if path is not None and not is_complete(path):
             out.append((f"the {cfg.retrieval.backend} retrieval index", path))
@@ -156,7 +162,7 @@ def build_retrieval(corpus: Corpus, cfg: CoevoConfig) -> dict[str, Any]:
     backend = str(cfg.retrieval.backend)
     if backend == "http":
         return {"kind": backend, "path": None, "bytes": None, "seconds": 0.0, "cached": None,
-                "note": f"served by {cfg.retrieval.url}; nothing to build here"}
+                "note": f"served by {cfg.retrieval.http.url}; nothing to build here"}
     t0 = time.perf_counter()
     retriever = build_retriever(corpus, cfg.retrieval)
     path = getattr(retriever, "path", None)

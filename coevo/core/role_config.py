@@ -1,11 +1,11 @@
 """Schemas of the three policies (proposer, solver, ranker): model, training and role keys.
 
 Part of the typed configuration (coevo/core/config.py composes them into the roots and
-re-exports them); one line of documentation per field, printed by `--help`.
+re-exports them); every field is one `key(default, doc, range)` line (coevo/core/ranges.py).
 """
 from __future__ import annotations
 
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from typing import Dict, List, Optional
 
 from omegaconf import MISSING
@@ -21,6 +21,7 @@ from coevo.core.choices import (
     Relevance,
     WeightSync,
 )
+from coevo.core.ranges import AT_LEAST_1, FRACTION, NON_NEGATIVE, POSITIVE, UNIT, block, key
 
 # peft's names for the attention and MLP projections of Llama / Qwen2 / Qwen3 / Mistral decoders.
 LORA_TARGETS = ["q_proj", "k_proj", "v_proj", "o_proj", "gate_proj", "up_proj", "down_proj"]
@@ -30,112 +31,124 @@ LORA_TARGETS = ["q_proj", "k_proj", "v_proj", "o_proj", "gate_proj", "up_proj", 
 class LoraConfig:
     """A LoRA adapter trained over frozen base weights (peft); rank 0 is full fine-tuning."""
 
-    rank: int = 0  # adapter rank r (0: full fine-tuning, no adapter)
-    alpha: float = 32.0  # scaling alpha (the update is alpha/r * B A)
-    target_modules: List[str] = field(default_factory=lambda: list(LORA_TARGETS))  # module names the adapter wraps
+    rank: int = key(0, "adapter rank r (0: full fine-tuning, no adapter)", NON_NEGATIVE)
+    alpha: float = key(32.0, "scaling alpha (the update is alpha/r * B A)", POSITIVE)
+    target_modules: List[str] = key(LORA_TARGETS, "module names the adapter wraps")
 
 
 @dataclass
 class PolicyConfig:
     """One policy (proposer, solver or ranker): its model and how it is trained."""
 
-    preset: str = MISSING  # preset name this block came from (configs/model/<preset>.yaml)
-    model: str = MISSING  # embedded preset (smollm2-135m, tiny-random), local HF dir or hub id
-    dtype: DType = DType.float32  # parameter dtype: float32 | bfloat16 | float16 (bf16/fp16: frozen policies only)
-    bf16_autocast: bool = True  # on a CUDA device with bf16: forward passes in bf16 over fp32 weights (CPU: fp32)
-    engine: Engine = "${rollout.engine}"  # type: ignore[assignment]  # generation engine: hf | vllm
-    checkpoint: Optional[str] = None  # HF checkpoint dir that replaces the preset weights
-    frozen: bool = False  # generate with the initial weights and never update
-    lr: float = 1e-6  # AdamW learning rate
-    weight_decay: float = 0.0  # AdamW weight decay
-    kl_coef: float = 0.001  # k3 KL coefficient to the frozen reference (0 = no reference copy)
-    clip_eps: float = 0.2  # PPO clip range of the ratio pi/pi_old
-    scale_std: bool = True  # divide group advantages by the group std
-    keep_zero_advantage: bool = False  # keep A=0 sequences in the batch: they count in the token mean and get KL
-    grad_clip: float = 1.0  # max global grad norm
-    micro_batch_size: int = 4  # sequences per forward/backward
-    shared_prompt: bool = True  # rows of a micro-batch with one prompt run it once (same math, less compute)
-    ppo_epochs: int = 1  # passes over one batch of rollouts per update
-    temperature: float = 1.0  # sampling temperature during training rollouts
-    top_p: float = 1.0  # nucleus sampling threshold
-    max_new_tokens: int = 128  # generation budget per call (per turn for the solver)
-    max_prompt_tokens: int = 2048  # longest prompt, never cut: the solver's episode ends, the ranker shortens passages
-    generation_rows: int = 0  # HF engine: rows (prompts x samples) per generate call, 0 = all; bounds its KV cache
-    num_cpus: float = 1.0  # CPUs requested by this policy's Ray actor
-    num_gpus: float = 0.0  # GPUs requested by this policy's Ray actor
-    resources: Dict[str, float] = field(default_factory=dict)  # custom Ray resources of its actor (node labels)
-    gpu_memory_utilization: float = 0.05  # vLLM share: of RAM (KV cache) on CPU, of GPU memory (+weights) on GPU
-    vllm_enforce_eager: bool = "${rollout.vllm_enforce_eager}"  # type: ignore[assignment]  # skip CUDA graph capture
-    weight_sync: WeightSync = WeightSync.tmpfs  # vLLM gets new weights via: tmpfs (any platform) | ipc (CUDA)
-    sleep_mode: bool = False  # vLLM frees its GPU weights and KV cache during each update (CUDA builds only)
-    gradient_checkpointing: bool = False  # recompute each decoder layer's activations in backward (less memory)
-    lora: LoraConfig = field(default_factory=LoraConfig)  # lora.rank > 0: train an adapter, not the weights
+    preset: str = key(MISSING, "preset name this block came from (configs/model/<preset>.yaml)")
+    model: str = key(MISSING, "embedded preset (smollm2-135m, tiny-random), local HF dir or hub id")
+    dtype: DType = key(DType.float32, "parameter dtype: float32 | bfloat16 | float16 (bf16/fp16: frozen policies only)")
+    bf16_autocast: bool = key(True, "on a CUDA device with bf16: forward passes in bf16 over fp32 weights (CPU: fp32)")
+    engine: Engine = key("${rollout.engine}", "generation engine: hf | vllm")
+    checkpoint: Optional[str] = key(None, "HF checkpoint dir that replaces the preset weights")
+    frozen: bool = key(False, "generate with the initial weights and never update")
+    lr: float = key(1e-6, "AdamW learning rate", NON_NEGATIVE)
+    weight_decay: float = key(0.0, "AdamW weight decay", NON_NEGATIVE)
+    kl_coef: float = key(0.001, "k3 KL coefficient to the frozen reference (0 = no reference copy)", NON_NEGATIVE)
+    clip_eps: float = key(0.2, "PPO clip range of the ratio pi/pi_old", POSITIVE)
+    scale_std: bool = key(True, "divide group advantages by the group std")
+    keep_zero_advantage: bool = key(False, "keep A=0 sequences in the batch: they count in the token mean and get KL")
+    grad_clip: float = key(1.0, "max global grad norm", NON_NEGATIVE)
+    micro_batch_size: int = key(4, "sequences per forward/backward", AT_LEAST_1)
+    shared_prompt: bool = key(True, "rows of a micro-batch with one prompt run it once (same math, less compute)")
+    ppo_epochs: int = key(1, "passes over one batch of rollouts per update", AT_LEAST_1)
+    temperature: float = key(1.0, "sampling temperature during training rollouts", NON_NEGATIVE)
+    top_p: float = key(1.0, "nucleus sampling threshold", FRACTION)
+    max_new_tokens: int = key(128, "generation budget per call (per turn for the solver)", AT_LEAST_1)
+    max_prompt_tokens: int = key(
+        2048, "longest prompt, never cut: the solver's episode ends, the ranker shortens passages", AT_LEAST_1)
+    generation_rows: int = key(
+        0, "HF engine: rows (prompts x samples) per generate call, 0 = all; bounds its KV cache", NON_NEGATIVE)
+    num_cpus: float = key(1.0, "CPUs requested by this policy's Ray actor", NON_NEGATIVE)
+    num_gpus: float = key(0.0, "GPUs requested by this policy's Ray actor", NON_NEGATIVE)
+    resources: Dict[str, float] = key({}, "custom Ray resources of its actor (node labels)")
+    gpu_memory_utilization: float = key(
+        0.05, "vLLM share: of RAM (KV cache) on CPU, of GPU memory (+weights) on GPU", FRACTION)
+    vllm_enforce_eager: bool = key("${rollout.vllm_enforce_eager}", "skip CUDA graph capture")
+    weight_sync: WeightSync = key(WeightSync.tmpfs, "vLLM gets new weights via: tmpfs (any platform) | ipc (CUDA)")
+    sleep_mode: bool = key(False, "vLLM frees its GPU weights and KV cache during each update (CUDA builds only)")
+    gradient_checkpointing: bool = key(False, "recompute each decoder layer's activations in backward (less memory)")
+    lora: LoraConfig = block(LoraConfig, "lora.rank > 0: train an adapter, not the weights")
 
 
 @dataclass
 class CurriculumConfig:
     """Hop curriculum (proposer/curriculum.py): each step's path length follows the solver's accuracy (not ZEST)."""
 
-    enabled: bool = False  # start at 1 hop; the level is the step's fixed evidence.hops (at most evidence.max_hops)
-    window: int = 5  # N: the last N steps played at the current level decide a move (a move needs N fresh steps)
-    up: float = 0.6  # one level up when the solver's mean accuracy over the window is at least this
-    down: float = 0.2  # one level down when it is at most this (a collapse); must be below `up`
+    enabled: bool = key(
+        False, "start at 1 hop; the level is the step's fixed evidence.hops (at most evidence.max_hops)")
+    window: int = key(
+        5, "N: the last N steps played at the current level decide a move (a move needs N fresh steps)", AT_LEAST_1)
+    up: float = key(0.6, "one level up when the solver's mean accuracy over the window is at least this", UNIT)
+    down: float = key(0.2, "one level down when it is at most this (a collapse); must be below `up`", UNIT)
 
 
 @dataclass
 class ProposerConfig(PolicyConfig):
     """The task writer (SPEC §3)."""
 
-    group_size: int = 4  # target candidates sampled per reference question (its GRPO group)
-    invalid_penalty: float = 0.5  # reward -invalid_penalty for a task rejected by validation
-    invalid_penalty_by_stage: bool = False  # rejected: -invalid_penalty*(5-k)/5, k = stages passed (proposer/reward.py)
-    reward: ProposerReward = ProposerReward.abs  # difficulty reward: abs 1-|2p-1| | quadratic 4p(1-p) | adversarial 1-p
-    max_target_chars: int = 80  # targets longer than this are rejected (too_long)
-    questions_per_step: int = 4  # reference questions consumed per co-evolution step
-    grounding: int = 0  # >0: call 1 lists the titles of this many passages retrieved for the reference (not ZEST)
-    generation: ProposerGeneration = ProposerGeneration.path  # call 2 from: path (certified chain) | direct
-    question_stop: bool = False  # call 2 ends at the first "?" (one question per output; small models, not ZEST)
-    curriculum: CurriculumConfig = field(default_factory=CurriculumConfig)  # hop curriculum; off in the paper presets
+    group_size: int = key(4, "target candidates sampled per reference question (its GRPO group)", AT_LEAST_1)
+    invalid_penalty: float = key(0.5, "reward -invalid_penalty for a task rejected by validation", NON_NEGATIVE)
+    invalid_penalty_by_stage: bool = key(
+        False, "rejected: -invalid_penalty*(5-k)/5, k = stages passed (proposer/reward.py)")
+    reward: ProposerReward = key(
+        ProposerReward.abs, "difficulty reward: abs 1-|2p-1| | quadratic 4p(1-p) | adversarial 1-p")
+    max_target_chars: int = key(80, "targets longer than this are rejected (too_long)", AT_LEAST_1)
+    questions_per_step: int = key(4, "reference questions consumed per co-evolution step", AT_LEAST_1)
+    grounding: int = key(
+        0, ">0: call 1 lists the titles of this many passages retrieved for the reference (not ZEST)", NON_NEGATIVE)
+    generation: ProposerGeneration = key(ProposerGeneration.path, "call 2 from: path (certified chain) | direct")
+    question_stop: bool = key(False, 'call 2 ends at the first "?" (one question per output; small models, not ZEST)')
+    curriculum: CurriculumConfig = block(CurriculumConfig, "hop curriculum; off in the paper presets")
 
 
 @dataclass
 class SolverRewardConfig:
     """Tool-aware solver reward (SPEC §4.2)."""
 
-    correctness: Correctness = Correctness.em  # em | f1 | f1_content (token F1 over content words)
-    echo_guard: bool = False  # an answer found in the question or the rollout's own queries scores 0 (not SPEC)
-    tool_cost: float = 0.2  # lambda: penalty for extra searches among correct rollouts
-    format_penalty: float = 0.2  # alpha: reward -alpha on a format violation
+    correctness: Correctness = key(Correctness.em, "em | f1 | f1_content (token F1 over content words)")
+    echo_guard: bool = key(False, "an answer found in the question or the rollout's own queries scores 0 (not SPEC)")
+    tool_cost: float = key(0.2, "lambda: penalty for extra searches among correct rollouts", NON_NEGATIVE)
+    format_penalty: float = key(0.2, "alpha: reward -alpha on a format violation", NON_NEGATIVE)
 
 
 @dataclass
 class SolverConfig(PolicyConfig):
     """The search agent (SPEC §4.1-4.2)."""
 
-    group_size: int = 4  # rollouts per task (G)
-    max_searches: int = 3  # valid searches allowed per episode (paper: 6)
-    max_turns: int = 4  # generation turns per episode (searches + final answer)
-    max_episode_tokens: int = 1536  # total episode tokens (prompt + turns + observations)
-    prime_tag: bool = False  # every turn's prompt ends with "<": small models start a tag, still choosing which
-    guided_rollouts: bool = False  # the last rollout of a task with a path replays it: hop searches, then its target
-    reward: SolverRewardConfig = field(default_factory=SolverRewardConfig)
+    group_size: int = key(4, "rollouts per task (G)", AT_LEAST_1)
+    max_searches: int = key(3, "valid searches allowed per episode (paper: 6)", AT_LEAST_1)
+    max_turns: int = key(4, "generation turns per episode (searches + final answer)", AT_LEAST_1)
+    max_episode_tokens: int = key(1536, "total episode tokens (prompt + turns + observations)", AT_LEAST_1)
+    prime_tag: bool = key(False, "every turn's prompt ends with \"<\": small models start a tag, still choosing which")
+    guided_rollouts: bool = key(
+        False, "the last rollout of a task with a path replays it: hop searches, then its target")
+    reward: SolverRewardConfig = block(SolverRewardConfig)
 
 
 @dataclass
 class RankerConfig(PolicyConfig):
     """The generative listwise re-ranker inside the search tool (SPEC §4.3-4.6)."""
 
-    mode: RankerMode = RankerMode.trainable  # trainable | frozen | none (first-stage top-K) | oracle
-    share_backbone: bool = False  # the ranker uses the solver's weights
-    n_candidates: int = 10  # N: first-stage candidates shown to the ranker (paper 50)
-    top_k: int = 3  # K: documents the ranker returns to the solver (paper 5)
-    passage_chars: int = 300  # candidate texts are cut to this many characters (all to fewer when over budget)
-    grouping: Grouping = Grouping.semantic  # semantic | by_question
-    group_f1: float = 0.8  # delta: sub-query token-F1 to join a group
-    min_group_size: int = 3  # k_min: smaller groups are dropped
-    relevance: Relevance = Relevance.answer  # pseudo-relevance label: answer | evidence | both
-    gamma: float = 0.5  # r_rel threshold above which r_main is added
-    format_penalty: float = 0.2  # alpha: reward -alpha for a malformed ranking
-    reasoning: bool = True  # output <reason>…</reason> before <rerank>; false: <rerank> only (small models)
-    prime_tag: bool = False  # the prompt ends with the output's opening tag (<reason>, or <rerank> without reasoning)
-    line_stop: bool = False  # reasoning=false: the ranking ends at its first line break (small models, not CoSearch)
+    mode: RankerMode = key(RankerMode.trainable, "trainable | frozen | none (first-stage top-K) | oracle")
+    share_backbone: bool = key(False, "the ranker uses the solver's weights")
+    n_candidates: int = key(10, "N: first-stage candidates shown to the ranker (paper 50)", AT_LEAST_1)
+    top_k: int = key(3, "K: documents the ranker returns to the solver (paper 5)", AT_LEAST_1)
+    passage_chars: int = key(
+        300, "candidate texts are cut to this many characters (all to fewer when over budget)", AT_LEAST_1)
+    grouping: Grouping = key(Grouping.semantic, "semantic | by_question")
+    group_f1: float = key(0.8, "delta: sub-query token-F1 to join a group", UNIT)
+    min_group_size: int = key(3, "k_min: smaller groups are dropped", AT_LEAST_1)
+    relevance: Relevance = key(Relevance.answer, "pseudo-relevance label: answer | evidence | both")
+    gamma: float = key(0.5, "r_rel threshold above which r_main is added", UNIT)
+    format_penalty: float = key(0.2, "alpha: reward -alpha for a malformed ranking", NON_NEGATIVE)
+    reasoning: bool = key(True, "output <reason>…</reason> before <rerank>; false: <rerank> only (small models)")
+    prime_tag: bool = key(
+        False, "the prompt ends with the output's opening tag (<reason>, or <rerank> without reasoning)")
+    line_stop: bool = key(
+        False, "reasoning=false: the ranking ends at its first line break (small models, not CoSearch)")

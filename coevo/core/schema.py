@@ -4,39 +4,34 @@
   or without `+`, before Hydra composes anything (Hydra's own refusal of `ranker.topk=5` advises
   `+ranker.topk=5`, which it then accepts as a new key beside the unchanged `ranker.top_k`).
   `check_known_keys` refuses a key of a composed config the schema does not know (a `+key`, or
-  one a config file added). Both suggest the closest known key (difflib).
-- `schema_keys` lists every key with its type and documentation: the comment after each field
-  in coevo/core/config.py, read from the source (a nested block's: its class docstring).
-  coevo/core/cli.py renders them for `--help`.
+  one a config file added). Both suggest the closest known key (difflib), or the new name of a
+  key that moved into a nested block (`retrieval.index_type` -> `retrieval.faiss.index_type`).
+- `schema_keys` lists every key with its type, documentation and range, all read from the
+  field's `key(default, doc, range)` metadata (coevo/core/ranges.py; a nested block's doc
+  defaults to its class docstring). coevo/core/cli.py renders them for `--help`.
 """
 from __future__ import annotations
 
-import ast
 import difflib
-import inspect
-import io
-import re
-import textwrap
-import tokenize
 from dataclasses import dataclass, fields, is_dataclass
 from enum import Enum
-from functools import lru_cache
 from pathlib import Path
 from typing import Any, Collection, Optional, Sequence, Union, get_args, get_origin, get_type_hints
 
 from omegaconf import DictConfig, OmegaConf
 
-_TYPE_IGNORE = re.compile(r"^type:\s*ignore(\[[^\]]*\])?\s*(#\s*)?")
+from coevo.core.ranges import DOC, RANGE, Range
 
 
 @dataclass(frozen=True)
 class SchemaKey:
-    """One key of a schema: dotted path, type hint, documentation, and the dataclass of a nested block."""
+    """One key of a schema: dotted path, type hint, documentation, the dataclass of a nested block, its range."""
 
     path: str
     hint: Any
     doc: str
     block: Optional[type] = None
+    range: Optional[Range] = None  # the valid range of a number
 
 
 def _optional_inner(hint: Any) -> Optional[Any]:
@@ -58,38 +53,9 @@ def _is_mapping(hint: Any) -> bool:
     return get_origin(hint) is dict or hint is dict
 
 
-def _clean_comment(text: str) -> str:
-    """The documentation in a field's trailing comment, without `#` and a leading `type: ignore[...]`."""
-    text = text.lstrip("#").strip()
-    return _TYPE_IGNORE.sub("", text).strip()
-
-
-@lru_cache(maxsize=None)
-def _own_field_docs(cls: type) -> dict[str, str]:
-    """{field: trailing comment} of the fields `cls` declares in its own body (read from its source)."""
-    source = textwrap.dedent(inspect.getsource(cls))
-    comments: dict[int, str] = {}
-    for tok in tokenize.generate_tokens(io.StringIO(source).readline):
-        if tok.type == tokenize.COMMENT:
-            comments[tok.start[0]] = tok.string
-    body = ast.parse(source).body[0]
-    assert isinstance(body, ast.ClassDef)
-    docs = {}
-    for node in body.body:
-        if isinstance(node, ast.AnnAssign) and isinstance(node.target, ast.Name):
-            end = node.end_lineno or node.lineno
-            texts = [_clean_comment(comments[n]) for n in range(node.lineno, end + 1) if n in comments]
-            docs[node.target.id] = " ".join(t for t in texts if t)
-    return docs
-
-
 def field_docs(cls: type) -> dict[str, str]:
-    """{field: documentation} of every field of dataclass `cls`, inherited ones included."""
-    docs: dict[str, str] = {}
-    for klass in reversed(cls.__mro__):
-        if is_dataclass(klass):
-            docs.update(_own_field_docs(klass))
-    return docs
+    """{field: documentation} of every field of dataclass `cls`, inherited ones included (its `key(...)` doc)."""
+    return {f.name: f.metadata.get(DOC, "") for f in fields(cls)}
 
 
 def first_line(doc: Optional[str]) -> str:
@@ -99,12 +65,11 @@ def first_line(doc: Optional[str]) -> str:
 def schema_keys(schema: type, prefix: str = "") -> list[SchemaKey]:
     """Every key of dataclass `schema` in declaration order, nested blocks right after their own key."""
     hints = get_type_hints(schema)
-    docs = field_docs(schema)
     out = []
     for f in fields(schema):
         block = _block_of(hints[f.name])
-        doc = docs.get(f.name) or (first_line(block.__doc__) if block else "")
-        out.append(SchemaKey(prefix + f.name, hints[f.name], doc, block))
+        doc = f.metadata.get(DOC) or (first_line(block.__doc__) if block else "")
+        out.append(SchemaKey(prefix + f.name, hints[f.name], doc, block, f.metadata.get(RANGE)))
         if block is not None:
             out.extend(schema_keys(block, f"{prefix}{f.name}."))
     return out
@@ -129,13 +94,17 @@ def _ratio(a: str, b: str) -> float:
 def closest_keys(key: str, schema: type) -> list[str]:
     """The known keys most like `key` (difflib): the one suggestion, or several equally near, or none.
 
-    First a key of the same block (`ranker.topk` -> `ranker.top_k`, ratio >= 0.6); else keys of
-    any block with the nearest last part (ratio >= 0.8): the one whose block is most like
+    A key that moved into a nested block of its block is its new name (`retrieval.url` ->
+    `retrieval.http.url`). Else first a key of the same block (`ranker.topk` -> `ranker.top_k`,
+    ratio >= 0.6); else keys of any block with the nearest last part (ratio >= 0.8): the one whose block is most like
     `key`'s (`rankr.top_k` -> `ranker.top_k`), or all of them for a key without a block
     (`temprature` -> the three policies' `temperature`).
     """
     known = [k.path for k in schema_keys(schema)]
     parent, _, leaf = key.rpartition(".")
+    moved = moved_key(key, known)
+    if moved is not None:
+        return [moved]
     if not parent or parent in known:
         siblings = [p for p in known if p.rpartition(".")[0] == parent]
         best = max(siblings, key=lambda p: _ratio(leaf, p.rpartition(".")[2]), default=None)
@@ -147,6 +116,16 @@ def closest_keys(key: str, schema: type) -> list[str]:
     if parent and len(nearest) > 1:
         return [max(nearest, key=lambda p: _ratio(parent, p.rpartition(".")[0]))]
     return nearest
+
+
+def moved_key(key: str, known: Collection[str]) -> Optional[str]:
+    """The one known key that is `key` moved one block down (`retrieval.url` -> `retrieval.http.url`), else None."""
+    parent, _, leaf = key.rpartition(".")
+    if not parent:
+        return None
+    inside = [p for p in known if p.startswith(f"{parent}.") and p.endswith(f".{leaf}")
+              and p.count(".") == key.count(".") + 1]
+    return inside[0] if len(inside) == 1 else None
 
 
 def unknown_key_error(key: str, schema: type) -> Optional[ValueError]:
@@ -171,6 +150,9 @@ def unknown_key_error(key: str, schema: type) -> Optional[ValueError]:
         return None
     near = closest_keys(key, schema)
     hint = ""
+    moved = moved_key(key, [k.path for k in schema_keys(schema)])
+    if moved is not None:
+        problem = f"block {moved.rpartition('.')[0]} holds {parts[-1]!r}; {problem}"
     if near:
         hint = f"did you mean {near[0]!r}? " if len(near) == 1 else f"did you mean one of {near}? "
     return ValueError(f"unknown config key {key!r}: {hint}({problem}; --help lists every key)")

@@ -1,15 +1,18 @@
 """Inline SVG charts for the HTML run report: line charts over steps and grouped bar charts.
 
 No script, no external resource: each chart is one `<svg>` element meant to be pasted into an
-HTML page, with every label escaped (labels are run names, reason codes and other dump text)
-and a `<title>` per point or bar, which browsers show as a tooltip.
+HTML page, with every label escaped by `markupsafe.escape` (labels are run names, reason codes
+and other dump text) and a `<title>` per point or bar, which browsers show as a tooltip. The
+charts are built as f-strings of escaped labels and numbers; each public chart function returns
+the finished `<svg>` as `Markup`, so that page templates embed it as is.
 """
 from __future__ import annotations
 
-import html
 import math
 from dataclasses import dataclass
 from typing import Any, Callable, Optional, Sequence
+
+from markupsafe import Markup, escape
 
 from coevo.evaluate.report import number
 
@@ -18,10 +21,6 @@ DASHES = ("", "6 3", "2 3", "9 3 2 3")
 WIDTH, HEIGHT = 440, 260
 LEFT, RIGHT, BOTTOM = 48, 12, 34  # plot margins: tick labels left, category labels below
 CHAR_W = 6.2  # rough width of an 11px sans-serif character, to lay out legends and labels
-
-
-def esc(x: Any) -> str:
-    return html.escape(str(x), quote=True)
 
 
 def fmt(x: Optional[float]) -> str:
@@ -68,7 +67,7 @@ class Frame:
                 x, y = LEFT, y + 14
             color, dash = _style(i)
             self.items.append(f'<line x1="{x}" y1="{y - 4}" x2="{x + 16}" y2="{y - 4}" stroke="{color}" '
-                              f'stroke-width="3"{dash}/><text x="{x + 20}" y="{y}" class="lg">{esc(label)}</text>')
+                              f'stroke-width="3"{dash}/><text x="{x + 20}" y="{y}" class="lg">{escape(label)}</text>')
             x += width
         self.top = y + 12 if self.legend else 30
 
@@ -85,14 +84,16 @@ class Frame:
                        f'<text x="{LEFT - 4}" y="{sy(t) + 4:.1f}" class="yl">{t:g}</text>')
         return "".join(out)
 
-    def svg(self, body: str) -> str:
-        return (f'<svg class="chart" width="{WIDTH}" height="{HEIGHT}" viewBox="0 0 {WIDTH} {HEIGHT}" role="img" '
-                f'aria-label="{esc(self.title)}"><rect width="{WIDTH}" height="{HEIGHT}" fill="#fff"/>'
-                f'<text x="{LEFT}" y="16" class="ttl">{esc(self.title)}</text>{"".join(self.items)}{body}</svg>')
+    def svg(self, body: str) -> Markup:
+        """The whole chart around `body`, which must be SVG markup whose text is already escaped."""
+        title = escape(self.title)
+        return Markup(f'<svg class="chart" width="{WIDTH}" height="{HEIGHT}" viewBox="0 0 {WIDTH} {HEIGHT}" '
+                      f'role="img" aria-label="{title}"><rect width="{WIDTH}" height="{HEIGHT}" fill="#fff"/>'
+                      f'<text x="{LEFT}" y="16" class="ttl">{title}</text>{"".join(self.items)}{body}</svg>')
 
 
-def empty_chart(title: str, why: str = "no data") -> str:
-    return Frame(title, []).svg(f'<text x="{WIDTH / 2}" y="{HEIGHT / 2}" class="na">{esc(why)}</text>')
+def empty_chart(title: str, why: str = "no data") -> Markup:
+    return Frame(title, []).svg(f'<text x="{WIDTH / 2}" y="{HEIGHT / 2}" class="na">{escape(why)}</text>')
 
 
 def _segments(xs: Sequence[Any], ys: Sequence[Any]) -> list[list[tuple[float, float]]]:
@@ -108,7 +109,7 @@ def _segments(xs: Sequence[Any], ys: Sequence[Any]) -> list[list[tuple[float, fl
 
 
 def line_chart(title: str, lines: Sequence[tuple[str, Sequence[Any], Sequence[Any]]],
-               y_range: Optional[tuple[float, float]] = None) -> str:
+               y_range: Optional[tuple[float, float]] = None) -> Markup:
     """One polyline per (label, steps, values); a value that is not a number leaves a gap.
 
     `y_range` is kept in view (e.g. (0, 1) for shares) and widened when a value lies outside.
@@ -133,7 +134,7 @@ def line_chart(title: str, lines: Sequence[tuple[str, Sequence[Any], Sequence[An
                 coords = " ".join(f"{sx(x):.1f},{sy(y):.1f}" for x, y in seg)
                 body.append(f'<polyline points="{coords}" fill="none" stroke="{color}" stroke-width="2"{dash}/>')
             body += [f'<circle cx="{sx(x):.1f}" cy="{sy(y):.1f}" r="2.5" fill="{color}">'
-                     f"<title>{esc(label)} step {x:g}: {fmt(y)}</title></circle>" for x, y in seg]
+                     f"<title>{escape(label)} step {x:g}: {fmt(y)}</title></circle>" for x, y in seg]
     return frame.svg("".join(body))
 
 
@@ -141,14 +142,15 @@ def _category_label(x: float, text: str, slot: float) -> str:
     """A category name under its bars, its words on two lines when one line would not fit."""
     words = str(text).split()
     if len(words) < 2 or CHAR_W * len(str(text)) <= slot:
-        return f'<text x="{x:.1f}" y="{HEIGHT - BOTTOM + 14}" class="xl">{esc(text)}</text>'
+        return f'<text x="{x:.1f}" y="{HEIGHT - BOTTOM + 14}" class="xl">{escape(text)}</text>'
     half = (len(words) + 1) // 2
     lines = [" ".join(words[:half]), " ".join(words[half:])]
-    spans = "".join(f'<tspan x="{x:.1f}" dy="{0 if i == 0 else 12}">{esc(s)}</tspan>' for i, s in enumerate(lines))
+    spans = "".join(f'<tspan x="{x:.1f}" dy="{0 if i == 0 else 12}">{escape(s)}</tspan>'
+                    for i, s in enumerate(lines))
     return f'<text x="{x:.1f}" y="{HEIGHT - BOTTOM + 12}" class="xl">{spans}</text>'
 
 
-def bar_chart(title: str, categories: Sequence[str], groups: Sequence[tuple[str, Sequence[Any]]]) -> str:
+def bar_chart(title: str, categories: Sequence[str], groups: Sequence[tuple[str, Sequence[Any]]]) -> Markup:
     """Grouped vertical bars: one bar per (group, category), its value written above it."""
     if not categories or not groups:
         return empty_chart(title)
@@ -166,6 +168,7 @@ def bar_chart(title: str, categories: Sequence[str], groups: Sequence[tuple[str,
             x = LEFT + slot * c + slot * 0.1 + g * bar
             top, base = sy(max(v or 0.0, 0.0)), sy(min(v or 0.0, 0.0))
             body.append(f'<rect x="{x:.1f}" y="{top:.1f}" width="{bar:.1f}" height="{base - top:.1f}" '
-                        f'fill="{PALETTE[g % len(PALETTE)]}"><title>{esc(label)} {esc(cat)}: {fmt(v)}</title></rect>'
+                        f'fill="{PALETTE[g % len(PALETTE)]}"><title>{escape(label)} {escape(cat)}: {fmt(v)}'
+                        f'</title></rect>'
                         f'<text x="{x + bar / 2:.1f}" y="{top - 3:.1f}" class="bv">{fmt(v)}</text>')
     return frame.svg("".join(body))

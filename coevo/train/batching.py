@@ -5,6 +5,7 @@ Stateless: the policy passes its `micro_batch_size`, `shared_prompt`, pad id and
 from __future__ import annotations
 
 from dataclasses import dataclass
+from typing import Optional
 
 import torch
 
@@ -19,6 +20,17 @@ def check_sequence(s: TrainSequence) -> None:
         raise ValueError(f"TrainSequence loss_mask has {len(s.loss_mask)} entries for {n} input_ids")
     if s.old_logprobs is not None and len(s.old_logprobs) != n:
         raise ValueError(f"TrainSequence old_logprobs has {len(s.old_logprobs)} entries for {n} input_ids")
+
+
+def loss_token_counts(batch: list[TrainSequence]) -> list[int]:
+    """Per sequence of `batch` (each checked by `check_sequence`), its loss-masked tokens that train.
+
+    Position 0 never trains (no token predicts it). The sum is the update's `n_tokens`: the
+    denominator of every micro-batch loss (SPEC §5.1's token-level mean over the whole batch).
+    """
+    for s in batch:
+        check_sequence(s)
+    return [sum(1 for m in s.loss_mask[1:] if m) for s in batch]
 
 
 def micro_batches(batch: list[TrainSequence], micro_batch_size: int,
@@ -54,6 +66,29 @@ class MicroBatch:
     adv: torch.Tensor  # [b] advantages
     has_old: torch.Tensor  # [b] bool: the row came with its sampling log-probs
     prefix: int  # the rows' shared prompt length for `sequence_token_logprobs` (0 without `shared_prompt`)
+
+
+@dataclass(frozen=True)
+class FixedLogprobs:
+    """The log-probs one micro-batch's loss compares against, fixed for the whole update (every ppo epoch).
+
+    Computed before the first optimizer step (`Policy.prepare`) and kept on the CPU.
+    """
+
+    old: torch.Tensor  # [b, T-1] float32: π_old's log-probs (sampling's, or the initial weights' where missing)
+    # False: rows without sampling log-probs still hold 0 in `old`; the first (only) epoch's own
+    # forward, detached, fills them (one epoch: the old policy is the weights being trained).
+    old_filled: bool
+    ref: Optional[torch.Tensor]  # [b, T-1] float32 under the KL reference; None without one
+
+
+@dataclass(frozen=True)
+class PreparedBatch:
+    """An update's micro-batches with their fixed log-probs: what every ppo epoch's optimizer step runs on."""
+
+    micro_batches: list[list[TrainSequence]]
+    fixed: list[FixedLogprobs]  # one per micro-batch, same order
+    n_tokens: int  # loss tokens of the WHOLE batch (all ranks'): every micro-batch loss is divided by it
 
 
 def micro_batch_tensors(seqs: list[TrainSequence], pad_id: int, device: torch.device,

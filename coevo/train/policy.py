@@ -38,7 +38,7 @@ from __future__ import annotations
 import copy
 import time
 from pathlib import Path
-from typing import ContextManager, Optional
+from typing import Callable, ContextManager, Optional
 
 import torch
 
@@ -48,8 +48,9 @@ from coevo.core.grpo import clipped_surrogate_loss, k3_kl, masked_mean, sequence
 from coevo.core.io import atomic_dir
 from coevo.core.stages import stage
 from coevo.core.types import Completion, Engine, SamplingParams, TrainSequence
+from coevo.train import batching
 from coevo.train.allocator import pin_mmap_threshold
-from coevo.train.batching import MicroBatch, check_sequence, micro_batch_tensors, micro_batches
+from coevo.train.batching import FixedLogprobs, MicroBatch, PreparedBatch, loss_token_counts
 from coevo.train.checkpoint import OPTIMIZER_FILE
 from coevo.train.engines import build_engine
 from coevo.train.lora import apply_lora, hf_model, is_adapter_dir, load_adapter_weights
@@ -60,7 +61,16 @@ from coevo.train.recompute import enable_gradient_checkpointing, train_mode
 
 
 class Policy:
-    """Holds a model and everything needed to sample from it and train it with GRPO."""
+    """Holds a model and everything needed to sample from it and train it with GRPO.
+
+    Its network, and the handles on it:
+    - `model`: the module that trains, saves, loads and syncs to the engine: the HF causal LM, or
+      under LoRA peft's wrapper around it (adapter state, `disable_adapter`, adapter-only saves);
+    - `scorer`: `TokenLogprobs` over the HF causal LM (`hf_model(model)`, which under LoRA runs the
+      adapter): the one way the update runs forwards, and the root FSDP shards (sharded.py);
+    - `ref_model` / `ref_scorer`: the same two for the KL reference copy (None with LoRA, whose
+      reference is `scorer` with the adapter disabled, or without a reference).
+    """
 
     def __init__(self, cfg: PolicyConfig, model, tokenizer, role: str = "policy",  # noqa: ANN001
                  engine: Optional[Engine] = None, optimizer_now: bool = True) -> None:
@@ -79,8 +89,7 @@ class Policy:
             model = apply_lora(model, cfg.lora, role)
         check_trainable_dtype(model, role, self.frozen)
         self.model = model.eval()
-        self.net = hf_model(self.model)  # forward passes: the HF model, whose LoRA layers (if any) run the adapter
-        self.scorer = TokenLogprobs(self.net)
+        self.scorer = TokenLogprobs(hf_model(self.model))
         self.tokenizer = tokenizer
         self.ref_model = None
         # With LoRA the reference is the base itself, adapter disabled: no copy of the weights.
@@ -123,6 +132,7 @@ class Policy:
 
     @property
     def device(self) -> torch.device:
+        """Where the policy's weights (and each micro-batch during its forward/backward) live."""
         return next(self.model.parameters()).device
 
     def num_parameters(self) -> int:
@@ -167,90 +177,13 @@ class Policy:
 
     # ---- training ---------------------------------------------------------------------------
 
-    def _micro_batches(self, batch: list[TrainSequence]) -> list[list[TrainSequence]]:
-        return micro_batches(batch, self.cfg.micro_batch_size, self.shared_prompt)
+    def micro_batches(self, batch: list[TrainSequence]) -> list[list[TrainSequence]]:
+        """`batch` in micro-batches of `micro_batch_size` sequences (by prompt with `shared_prompt`)."""
+        return batching.micro_batches(batch, self.cfg.micro_batch_size, self.shared_prompt)
 
-    def _tensors(self, seqs: list[TrainSequence]) -> MicroBatch:
-        return micro_batch_tensors(seqs, self.tokenizer.pad_token_id or 0, self.device, self.shared_prompt)
-
-    @torch.no_grad()
-    def _prepare(self, groups: list[list[TrainSequence]], forward_old: Optional[list[bool]] = None) -> list[dict]:
-        """Per micro-batch, {"old", "old_filled", "ref" (with a reference model)}: [b, T-1] float32 CPU log-probs.
-
-        Missing old log-probs come from the current weights, before any step. With one epoch
-        that is the weights the only optimizer step starts from, so the forward being trained
-        gives them (`old_filled` False: filled in `_micro_step` from its detached log-probs,
-        as verl does on-policy) and no extra forward is spent here. One micro-batch is on the
-        device at a time and only these per-token floats outlive it.
-
-        `forward_old[i]` (sharded updates) overrides whether micro-batch i runs that forward: every
-        rank must run the same forwards (FSDP gathers weights collectively), so the ranks agree on it.
-        """
-        out = []
-        for i, seqs in enumerate(groups):
-            mb = self._tensors(seqs)
-            old, filled = mb.old, bool(mb.has_old.all())
-            needed = not filled if forward_old is None else forward_old[i]
-            with self.compute():
-                if needed and int(self.cfg.ppo_epochs) > 1:
-                    current = self.scorer(mb.ids, mb.attn, mb.mask, mb.prefix)
-                    old, filled = torch.where(mb.has_old.unsqueeze(-1), old, current), True
-                logps = {"old": old.float().cpu(), "old_filled": filled}
-                if self.has_reference:
-                    logps["ref"] = self._reference_logprobs(mb).float().cpu()
-            out.append(logps)
-        return out
-
-    def _reference_logprobs(self, mb: MicroBatch) -> torch.Tensor:
-        """Log-probs of micro-batch `mb` under the KL reference: the base with the adapter off, else the copy."""
-        if self.lora:
-            with self.model.disable_adapter():
-                return self.scorer(mb.ids, mb.attn, mb.mask, mb.prefix)
-        assert self.ref_scorer is not None
-        return self.ref_scorer(mb.ids, mb.attn, mb.mask, mb.prefix)
-
-    def _micro_step(self, seqs: list[TrainSequence], logps: dict, n_tokens: int) -> tuple[float, float, float]:
-        """Forward + backward of one micro-batch (gradients accumulate); returns (pg, kl, clipped tokens).
-
-        A method of its own so that the micro-batch's tensors and graph are released on return,
-        before the next micro-batch's forward.
-        """
-        cfg = self.cfg
-        mb = self._tensors(seqs)
-        old = logps["old"].to(self.device)
-        # Checkpointed layers recompute in backward only in train mode; their dropout is 0 (recompute.py).
-        with train_mode(self.model, self.checkpointing):
-            with self.compute():  # forward in bf16 on CUDA; the loss math below runs on fp32 log-probs
-                lp = self.scorer(mb.ids, mb.attn, mb.mask, mb.prefix).float()
-            if not logps["old_filled"]:  # one epoch: the old policy is these weights (ratio 1 at the step)
-                old = torch.where(mb.has_old.unsqueeze(-1), old, lp.detach())
-            pg, m = clipped_surrogate_loss(lp, old, mb.adv, mb.mask, cfg.clip_eps, denom=n_tokens)
-            loss, kl_value = pg, 0.0
-            if "ref" in logps:
-                kl = masked_mean(k3_kl(lp, logps["ref"].to(self.device), mb.mask), mb.mask, denom=n_tokens)
-                loss = loss + cfg.kl_coef * kl
-                kl_value = float(kl.detach())
-            loss.backward()  # outside autocast, as torch recommends: gradients land on the fp32 master weights
-        return float(pg.detach()), kl_value, m["clip_frac"] * m["n_tokens"]
-
-    def _epoch(self, groups: list[list[TrainSequence]], logps: list[dict], n_tokens: int) -> dict:
-        """One optimizer step over all micro-batches; returns this epoch's metrics."""
-        cfg = self.cfg
-        assert self.optimizer is not None
-        self.optimizer.zero_grad(set_to_none=True)
-        pg_total, kl_total, clipped = 0.0, 0.0, 0.0
-        for seqs, lp in zip(groups, logps):
-            pg, kl, n_clipped = self._micro_step(seqs, lp, n_tokens)
-            pg_total, kl_total, clipped = pg_total + pg, kl_total + kl, clipped + n_clipped
-        params = [p for g in self.optimizer.param_groups for p in g["params"]]
-        max_norm = cfg.grad_clip if cfg.grad_clip > 0 else float("inf")
-        norm = torch.nn.utils.clip_grad_norm_(params, max_norm)
-        # Sharded gradients (DTensors) give a sharded norm: its full value is the global one.
-        grad_norm = float(norm.full_tensor() if hasattr(norm, "full_tensor") else norm)
-        self.optimizer.step()
-        self.optimizer.zero_grad(set_to_none=True)
-        return {"loss": pg_total + cfg.kl_coef * kl_total, "pg_loss": pg_total, "kl": kl_total,
-                "clip_frac": clipped / n_tokens, "grad_norm": grad_norm}
+    def micro_batch_tensors(self, seqs: list[TrainSequence]) -> MicroBatch:
+        """The padded tensors of micro-batch `seqs` on this policy's device ([b, T] ids, see `MicroBatch`)."""
+        return batching.micro_batch_tensors(seqs, self.tokenizer.pad_token_id or 0, self.device, self.shared_prompt)
 
     def update(self, batch: list[TrainSequence]) -> dict:
         """GRPO update (`ppo_epochs` optimizer steps) on `batch`; returns metrics averaged over epochs.
@@ -263,25 +196,120 @@ class Policy:
         if self.frozen:
             return {"skipped": True}
         t0 = time.perf_counter()
-        for s in batch:
-            check_sequence(s)
-        n_tokens = int(sum(sum(1 for m in s.loss_mask[1:] if m) for s in batch))
+        n_tokens = sum(loss_token_counts(batch))
         if n_tokens == 0:
-            return {"skipped": True, "n_seqs": len(batch), "n_tokens": 0}
-        groups = self._micro_batches(batch)
+            return skipped_update(batch)
+        metrics = self.update_micro_batches(self.micro_batches(batch), n_tokens)
+        return {**metrics, **batch_metrics(batch, n_tokens, t0)}
+
+    def update_micro_batches(self, micro_batches: list[list[TrainSequence]], n_tokens: int,
+                             forward_old: Optional[list[bool]] = None,
+                             sync: Optional[Callable[[], None]] = None) -> dict:
+        """`update`'s work on `micro_batches`: fixed log-probs, `ppo_epochs` optimizer steps, the engine sync.
+
+        `n_tokens`: loss tokens of the whole batch (the loss denominator). `forward_old` and `sync`
+        are what a sharded update (coevo/train/sharded.py) changes: see `prepare`, and the engine
+        sync (default `sync_engine`). Returns loss, pg_loss, kl, clip_frac and grad_norm, each
+        averaged over the epochs.
+        """
         # Published stages (COEVO_STAGE_FILE): bench/memory.py measures each one's memory.
         self.release_engine_memory()
         with stage(self.role):
             with stage("logprobs"):
-                logps = self._prepare(groups)
+                prepared = self.prepare(micro_batches, n_tokens, forward_old)
             with stage("backward"):  # forward + backward of every micro-batch, then the optimizer step
-                epochs = [self._epoch(groups, logps, n_tokens) for _ in range(max(1, int(self.cfg.ppo_epochs)))]
+                epochs = [self.optimizer_step(prepared) for _ in range(max(1, int(self.cfg.ppo_epochs)))]
             with stage("sync"):
-                self.engine.sync_weights(self.model)
-        metrics = {k: sum(e[k] for e in epochs) / len(epochs) for k in epochs[0]}
-        metrics.update(n_seqs=len(batch), n_tokens=n_tokens, seq_tokens=sum(len(s.input_ids) for s in batch),
-                       time_s=time.perf_counter() - t0)
-        return metrics
+                (sync or self.sync_engine)()
+        return {k: sum(e[k] for e in epochs) / len(epochs) for k in epochs[0]}
+
+    @torch.no_grad()
+    def prepare(self, micro_batches: list[list[TrainSequence]], n_tokens: int,
+                forward_old: Optional[list[bool]] = None) -> PreparedBatch:
+        """Old (π_old) and KL-reference log-probs of every micro-batch: the forwards before any step.
+
+        Per micro-batch a `FixedLogprobs` of [b, T-1] float32 CPU tensors. Missing old log-probs
+        come from the current weights, before any step. With one epoch that is the weights the
+        only optimizer step starts from, so the forward being trained gives them (`old_filled`
+        False: filled in `optimizer_step` from its detached log-probs, as verl does on-policy) and
+        no extra forward is spent here. One micro-batch is on the device at a time and only these
+        per-token floats outlive it.
+
+        `forward_old[i]` (sharded updates) overrides whether micro-batch i runs that forward: every
+        rank must run the same forwards (FSDP gathers weights collectively), so the ranks agree on it.
+        """
+        fixed = []
+        for i, seqs in enumerate(micro_batches):
+            mb = self.micro_batch_tensors(seqs)
+            old, filled = mb.old, bool(mb.has_old.all())
+            needed = not filled if forward_old is None else forward_old[i]
+            with self.compute():
+                if needed and int(self.cfg.ppo_epochs) > 1:
+                    current = self.scorer(mb.ids, mb.attn, mb.mask, mb.prefix)
+                    old, filled = torch.where(mb.has_old.unsqueeze(-1), old, current), True
+                ref = self._reference_logprobs(mb).float().cpu() if self.has_reference else None
+            fixed.append(FixedLogprobs(old=old.float().cpu(), old_filled=filled, ref=ref))
+        return PreparedBatch(micro_batches=micro_batches, fixed=fixed, n_tokens=n_tokens)
+
+    def _reference_logprobs(self, mb: MicroBatch) -> torch.Tensor:
+        """Log-probs of micro-batch `mb` under the KL reference: the base with the adapter off, else the copy."""
+        if self.lora:
+            with self.model.disable_adapter():
+                return self.scorer(mb.ids, mb.attn, mb.mask, mb.prefix)
+        assert self.ref_scorer is not None
+        return self.ref_scorer(mb.ids, mb.attn, mb.mask, mb.prefix)
+
+    def optimizer_step(self, prepared: PreparedBatch) -> dict:
+        """One ppo epoch: gradients accumulated over every micro-batch, clipped, one optimizer step.
+
+        Returns this epoch's loss, pg_loss, kl (sums of the micro-batches' shares of the token mean),
+        clip_frac (clipped share of `prepared.n_tokens`) and grad_norm (before clipping, global).
+        """
+        cfg = self.cfg
+        assert self.optimizer is not None
+        self.optimizer.zero_grad(set_to_none=True)
+        pg_total, kl_total, clipped = 0.0, 0.0, 0.0
+        for seqs, fixed in zip(prepared.micro_batches, prepared.fixed):
+            pg, kl, n_clipped = self._backward(seqs, fixed, prepared.n_tokens)
+            pg_total, kl_total, clipped = pg_total + pg, kl_total + kl, clipped + n_clipped
+        params = [p for g in self.optimizer.param_groups for p in g["params"]]
+        max_norm = cfg.grad_clip if cfg.grad_clip > 0 else float("inf")
+        norm = torch.nn.utils.clip_grad_norm_(params, max_norm)
+        # Sharded gradients (DTensors) give a sharded norm: its full value is the global one.
+        grad_norm = float(norm.full_tensor() if hasattr(norm, "full_tensor") else norm)
+        self.optimizer.step()
+        self.optimizer.zero_grad(set_to_none=True)
+        return {"loss": pg_total + cfg.kl_coef * kl_total, "pg_loss": pg_total, "kl": kl_total,
+                "clip_frac": clipped / prepared.n_tokens, "grad_norm": grad_norm}
+
+    def _backward(self, seqs: list[TrainSequence], fixed: FixedLogprobs, n_tokens: int) -> tuple[float, float, float]:
+        """Forward + backward of one micro-batch (gradients accumulate); returns (pg, kl, clipped tokens).
+
+        A method of its own so that the micro-batch's tensors and graph are released on return,
+        before the next micro-batch's forward.
+        """
+        cfg = self.cfg
+        mb = self.micro_batch_tensors(seqs)
+        old = fixed.old.to(self.device)
+        # Checkpointed layers recompute in backward only in train mode; their dropout is 0 (recompute.py).
+        with train_mode(self.model, self.checkpointing):
+            with self.compute():  # forward in bf16 on CUDA; the loss math below runs on fp32 log-probs
+                token_logprobs = self.scorer(mb.ids, mb.attn, mb.mask, mb.prefix).float()  # [b, T-1]
+            if not fixed.old_filled:  # one epoch: the old policy is these weights (ratio 1 at the step)
+                old = torch.where(mb.has_old.unsqueeze(-1), old, token_logprobs.detach())
+            pg, m = clipped_surrogate_loss(token_logprobs, old, mb.adv, mb.mask, cfg.clip_eps, denom=n_tokens)
+            loss, kl_value = pg, 0.0
+            if fixed.ref is not None:
+                kl_tokens = k3_kl(token_logprobs, fixed.ref.to(self.device), mb.mask)
+                kl = masked_mean(kl_tokens, mb.mask, denom=n_tokens)
+                loss = loss + cfg.kl_coef * kl
+                kl_value = float(kl.detach())
+            loss.backward()  # outside autocast, as torch recommends: gradients land on the fp32 master weights
+        return float(pg.detach()), kl_value, m["clip_frac"] * m["n_tokens"]
+
+    def sync_engine(self) -> None:
+        """Serve the current weights from the generation engine (a sleeping vLLM engine wakes for it)."""
+        self.engine.sync_weights(self.model)
 
     def release_engine_memory(self) -> None:
         """Before an update: a vLLM engine with sleep_mode frees its GPU memory; the sync after it wakes it."""
@@ -322,7 +350,7 @@ class Policy:
             self._load_full(directory)
         if self.optimizer is not None:
             self.optimizer.load_state_dict(torch.load(opt_path, map_location=self.device, weights_only=True))
-        self.engine.sync_weights(self.model)
+        self.sync_engine()
 
     def _load_full(self, directory: Path) -> None:
         """Copy the weights of the full HF model in `directory` into this policy's model."""
@@ -335,6 +363,17 @@ class Policy:
         loaded = AutoModelForCausalLM.from_pretrained(directory, dtype=dtype)
         self.model.load_state_dict(loaded.state_dict())
         del loaded
+
+
+def skipped_update(batch: list[TrainSequence]) -> dict:
+    """The metrics of an update whose batch has no loss token: no step at all."""
+    return {"skipped": True, "n_seqs": len(batch), "n_tokens": 0}
+
+
+def batch_metrics(batch: list[TrainSequence], n_tokens: int, t0: float) -> dict:
+    """n_seqs, n_tokens, seq_tokens (every token: what each epoch runs) and time_s since `t0` of an update."""
+    return dict(n_seqs=len(batch), n_tokens=n_tokens, seq_tokens=sum(len(s.input_ids) for s in batch),
+                time_s=time.perf_counter() - t0)
 
 
 class TokenLogprobs(torch.nn.Module):
@@ -351,4 +390,8 @@ class TokenLogprobs(torch.nn.Module):
         self.model = model
 
     def forward(self, ids: torch.Tensor, attn: torch.Tensor, mask: torch.Tensor, prefix: int = 0) -> torch.Tensor:
+        """ids, attn: [b, T]; mask: [b, T-1] wanted positions; prefix: shared prompt length (0: none).
+
+        Returns [b, T-1] float32 next-token log-probs, 0 off `mask` (`sequence_token_logprobs`).
+        """
         return sequence_token_logprobs(self.model, ids, attn, positions=mask, prefix_len=prefix)

@@ -53,21 +53,15 @@ from torch.distributed.fsdp import FSDPModule, MixedPrecisionPolicy, fully_shard
 
 from coevo.core.config import PolicyConfig
 from coevo.core.io import atomic_dir
-from coevo.core.stages import stage
 from coevo.core.types import Completion, SamplingParams, TrainSequence
-from coevo.train.batching import check_sequence
+from coevo.train.batching import loss_token_counts
 from coevo.train.checkpoint import OPTIMIZER_FILE
 from coevo.train.engines import build_engine
 from coevo.train.models import load_model_and_tokenizer
-from coevo.train.policy import Policy, TokenLogprobs
+from coevo.train.policy import Policy, TokenLogprobs, batch_metrics, skipped_update
 from coevo.train.precision import bf16_compute
 
 FULL = StateDictOptions(full_state_dict=True, cpu_offload=True)
-
-
-def loss_tokens(s: TrainSequence) -> int:
-    """Loss-masked tokens of `s` that train (position 0 never does): what `Policy.update` counts."""
-    return sum(1 for m in s.loss_mask[1:] if m)
 
 
 def split_by_tokens(counts: list[int], world: int) -> list[list[int]]:
@@ -193,9 +187,11 @@ class ShardedPolicy:
 
     @property
     def frozen(self) -> bool:
+        """Always False (a frozen role is refused), as `Policy.frozen`."""
         return self.policy.frozen
 
     def chat_prompt_ids(self, messages: list[dict]) -> list[int]:
+        """`Policy.chat_prompt_ids`: the same on every rank."""
         return self.policy.chat_prompt_ids(messages)
 
     def generate(self, prompts: list[list[int]], sampling: SamplingParams) -> list[list[Completion]]:
@@ -208,40 +204,34 @@ class ShardedPolicy:
 
     def update(self, batch: list[TrainSequence]) -> dict:
         """`Policy.update` over the ranks: same metrics (global values), every rank must call it with the same batch."""
-        p = self.policy
         t0 = time.perf_counter()
-        for s in batch:
-            check_sequence(s)
-        counts = [loss_tokens(s) for s in batch]
+        counts = loss_token_counts(batch)
         n_tokens = sum(counts)
         if n_tokens == 0:  # every rank has the same batch: all skip together
-            return {"skipped": True, "n_seqs": len(batch), "n_tokens": 0}
-        mine = [batch[i] for i in split_by_tokens(counts, self.world)[self.rank]]
-        groups = p._micro_batches(mine)
+            return skipped_update(batch)
+        mine = split_by_tokens(counts, self.world)[self.rank]
         # The global count is the batch's own; all-reducing the shares' counts checks every rank got that batch.
-        shared = int(_all_reduce([sum(loss_tokens(s) for s in mine)])[0])
+        shared = int(_all_reduce([sum(counts[i] for i in mine)])[0])
         if shared != n_tokens:
             raise RuntimeError(f"{self.role}: the ranks' shares hold {shared} loss tokens, the batch {n_tokens}: "
                                "every rank must call update with the same batch")
-        n_groups = int(_all_reduce([len(groups)], dist.ReduceOp.MAX)[0])
-        groups += [[self._dummy()] for _ in range(n_groups - len(groups))]
-        needs = [float(any(s.old_logprobs is None for s in g)) for g in groups]  # dummies have old log-probs
-        forward_old = [bool(x) for x in _all_reduce(needs, dist.ReduceOp.MAX)]
-        p.release_engine_memory()  # rank 0's engine; the others have none
-        with stage(self.role):
-            with stage("logprobs"):
-                logps = p._prepare(groups, forward_old)
-            with stage("backward"):
-                epochs = [p._epoch(groups, logps, n_tokens) for _ in range(max(1, int(p.cfg.ppo_epochs)))]
-            with stage("sync"):
-                self._sync_engine()
-        metrics = {k: sum(e[k] for e in epochs) / len(epochs) for k in epochs[0]}
+        micro_batches, forward_old = self._aligned_micro_batches([batch[i] for i in mine])
+        metrics = self.policy.update_micro_batches(micro_batches, n_tokens, forward_old, sync=self._sync_engine)
         # Each rank's loss terms are its share of the global mean (divided by the batch's tokens): they add up.
         summed = _all_reduce([metrics[k] for k in ("loss", "pg_loss", "kl", "clip_frac")])
         metrics.update(zip(("loss", "pg_loss", "kl", "clip_frac"), summed))
-        metrics.update(n_seqs=len(batch), n_tokens=n_tokens, seq_tokens=sum(len(s.input_ids) for s in batch),
-                       time_s=time.perf_counter() - t0)
-        return metrics
+        return {**metrics, **batch_metrics(batch, n_tokens, t0)}
+
+    def _aligned_micro_batches(self, mine: list[TrainSequence]) -> tuple[list[list[TrainSequence]], list[bool]]:
+        """This rank's micro-batches, as many as every other rank's, and whether each needs an old-log-prob forward.
+
+        Ranks with fewer micro-batches get dummy ones; the forward decision is the ranks' max (module docstring).
+        """
+        micro_batches = self.policy.micro_batches(mine)
+        n_micro = int(_all_reduce([len(micro_batches)], dist.ReduceOp.MAX)[0])
+        micro_batches += [[self._dummy()] for _ in range(n_micro - len(micro_batches))]
+        needs = [float(any(s.old_logprobs is None for s in mb)) for mb in micro_batches]  # dummies have old log-probs
+        return micro_batches, [bool(x) for x in _all_reduce(needs, dist.ReduceOp.MAX)]
 
     def _dummy(self) -> TrainSequence:
         """A micro-batch that trains nothing but runs the same collectives (two pad tokens, empty loss mask)."""

@@ -1,20 +1,8 @@
 """bench/capacity.py's pure parts: what the solver read, echoed answers, per-dataset scores and the
 denominator check, on hand-made coevo.eval predictions (no model is loaded)."""
-import importlib.util
 import json
-from pathlib import Path
 
-import pytest
-
-SCRIPT = Path(__file__).resolve().parents[2] / "bench" / "capacity.py"
-
-
-@pytest.fixture(scope="module")
-def capacity():
-    spec = importlib.util.spec_from_file_location("bench_capacity", SCRIPT)
-    module = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(module)
-    return module
+from bench import capacity
 
 
 def _record(dataset, output, prediction, answers, em=0.0, f1=0.0, format_ok=True, queries=()):
@@ -29,7 +17,7 @@ UNSEEN = ("<search>George Rankin</search>\n<information>Doc 1 (Title: Rankin) A 
           "<answer>George Rankin</answer>")
 
 
-def test_answer_observed_reads_only_the_information_blocks(capacity):
+def test_answer_observed_reads_only_the_information_blocks():
     assert capacity.answer_observed(_record("popqa", SEEN, "politician", ["politician", "pol"]))
     # the answer tag names the gold, but no block the solver read holds it
     told = UNSEEN.replace("George Rankin</answer>", "politician</answer>")
@@ -39,7 +27,7 @@ def test_answer_observed_reads_only_the_information_blocks(capacity):
     assert not capacity.answer_observed({"output": None, "answers": None})
 
 
-def test_cell_scores_by_hand(capacity):
+def test_cell_scores_by_hand():
     result = {"predictions": [
         _record("popqa", SEEN, "politician", ["politician"], em=1.0, f1=1.0, queries=["George Rankin"]),
         _record("popqa", UNSEEN, "George Rankin", ["politician"], queries=["George Rankin"]),  # echoes the question
@@ -52,7 +40,7 @@ def test_cell_scores_by_hand(capacity):
     assert cell["average"]["n"] == 3 and cell["average"]["em"] == 0.25 and cell["average"]["echo"] == 0.5
 
 
-def test_denominators_and_expected_questions(capacity, tmp_path):
+def test_denominators_and_expected_questions(tmp_path):
     data = tmp_path / "q.jsonl"
     data.write_text("".join(json.dumps({"dataset": d}) + "\n" for d in ["a"] * 5 + ["b"] * 2))
     assert capacity.expected_questions(data, 3) == 5 and capacity.expected_questions(data, None) == 7

@@ -1,7 +1,6 @@
 """bench/faults.py's pure parts: the checks on hand-made run dirs (lost steps, corrupt files, duplicate
 steps), the kill plans, the command-line match, and the orphan check on a fake driver that leaves a
 process behind (no model is loaded, no coevo run started)."""
-import importlib.util
 import json
 import os
 import struct
@@ -13,32 +12,10 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
+from bench import faults
+from bench import faults_check as check
+from bench import faults_procs as procs
 from coevo.train.checkpoint import save_checkpoint
-
-BENCH = Path(__file__).resolve().parents[2] / "bench"
-
-
-def _load(name: str):
-    spec = importlib.util.spec_from_file_location(name, BENCH / f"{name}.py")
-    module = importlib.util.module_from_spec(spec)
-    sys.modules[name] = module  # bench/faults.py imports faults_check as a sibling module
-    spec.loader.exec_module(module)
-    return module
-
-
-@pytest.fixture(scope="module")
-def check():
-    return _load("faults_check")
-
-
-@pytest.fixture(scope="module")
-def procs():
-    return _load("faults_procs")
-
-
-@pytest.fixture(scope="module")
-def faults(check, procs):
-    return _load("faults")
 
 
 def _checkpoint(run_dir: Path, step: int) -> Path:
@@ -67,7 +44,7 @@ def _first_record_end(data: bytes) -> int:
     return 8 + 4 + struct.unpack("<Q", data[:8])[0] + 4
 
 
-def test_a_whole_run_dir_passes_every_check(tmp_path, check) -> None:
+def test_a_whole_run_dir_passes_every_check(tmp_path) -> None:
     run = tmp_path / "run"
     (run / "tasks").mkdir(parents=True)
     for step in range(3):
@@ -79,7 +56,7 @@ def test_a_whole_run_dir_passes_every_check(tmp_path, check) -> None:
                                                              "leftovers": []}
 
 
-def test_a_damaged_run_dir_names_each_lost_step_corrupt_file_and_duplicate(tmp_path, check) -> None:
+def test_a_damaged_run_dir_names_each_lost_step_corrupt_file_and_duplicate(tmp_path) -> None:
     run = tmp_path / "run"
     (run / "tasks").mkdir(parents=True)
     (run / "tasks" / "step_0.jsonl").write_text('{"a": 1}\n')
@@ -115,7 +92,7 @@ def test_a_damaged_run_dir_names_each_lost_step_corrupt_file_and_duplicate(tmp_p
     assert len(without["corrupt"]) == 3 and without["duplicates"] == [1]
 
 
-def test_tfrecord_problem_reads_lengths_and_both_checksums(tmp_path, check) -> None:
+def test_tfrecord_problem_reads_lengths_and_both_checksums(tmp_path) -> None:
     path = _scalars(tmp_path, [("reward", 0)])
     data = path.read_bytes()
     assert check.tfrecord_problem(path) is None
@@ -135,7 +112,7 @@ records = st.lists(st.fixed_dictionaries({"step": st.integers(0, 10**6), "text":
 
 @settings(max_examples=60, deadline=None)
 @given(records=records, cut=st.integers(1, 10**6))
-def test_parse_jsonl_returns_what_was_written_and_flags_a_cut_last_line(tmp_path_factory, check, records, cut):
+def test_parse_jsonl_returns_what_was_written_and_flags_a_cut_last_line(tmp_path_factory, records, cut):
     path = tmp_path_factory.mktemp("jsonl") / "metrics.jsonl"
     text = "".join(json.dumps(r, ensure_ascii=False) + "\n" for r in records).encode()
     path.write_bytes(text)
@@ -148,7 +125,7 @@ def test_parse_jsonl_returns_what_was_written_and_flags_a_cut_last_line(tmp_path
     assert why == f"metrics.jsonl: 1 bad lines, first: line {len(records)}: no line end (torn write)"
 
 
-def test_kill_plans_follow_the_seed_and_the_save_share(faults) -> None:
+def test_kill_plans_follow_the_seed_and_the_save_share() -> None:
     plans = faults.draw_plans(7, runs=20, kills=2, save_share=0.25)
     assert plans == faults.draw_plans(7, runs=20, kills=2, save_share=0.25) != faults.draw_plans(8, 20, 2, 0.25)
     assert [len(p) for p in plans] == [2] * 20
@@ -157,7 +134,7 @@ def test_kill_plans_follow_the_seed_and_the_save_share(faults) -> None:
     assert {k.kind for p in faults.draw_plans(1, 10, 1, 1.0) for k in p} == {"save"}
 
 
-def test_names_run_dir_matches_the_dir_and_paths_under_it_only(procs) -> None:
+def test_names_run_dir_matches_the_dir_and_paths_under_it_only() -> None:
     run = Path("/w/run_1")
     assert procs.names_run_dir(b"python\0-m\0coevo.run\0run.dir=/w/run_1\0seed=1\0", run)
     assert procs.names_run_dir(b"tail\0/w/run_1/metrics.jsonl\0", run)
@@ -166,7 +143,7 @@ def test_names_run_dir_matches_the_dir_and_paths_under_it_only(procs) -> None:
     assert not procs.names_run_dir(b"ls\0/w/run_1x/a\0", run)
 
 
-def test_each_mode_runs_its_entry_point_and_only_ray_mode_may_kill_an_actor(faults) -> None:
+def test_each_mode_runs_its_entry_point_and_only_ray_mode_may_kill_an_actor() -> None:
     run = Path("/w/run_3")
     local, ray, solve = (faults.run_command(m, run, 4, 3, ["x=1"], resume=True) for m in faults.MODES)
     assert local[1:3] == ray[1:3] == ["-m", "coevo.run"] and solve[1:3] == ["-m", "coevo.solve"]
@@ -178,7 +155,7 @@ def test_each_mode_runs_its_entry_point_and_only_ray_mode_may_kill_an_actor(faul
     assert faults.parse_args(["--mode", "ray", "--target", "actor", "--", "a=b"]).overrides == ["a=b"]
 
 
-def _report(faults, kills, per_run, **counts):
+def _report(kills, per_run, **counts):
     runs = [{"run": i, "completed": c, "resumed": c, "orphans": [], "lost": [], "corrupt": [], "duplicates": [],
              "leftovers": []} for i, c in enumerate(per_run)]
     for key, n in counts.items():
@@ -186,18 +163,18 @@ def _report(faults, kills, per_run, **counts):
     return faults.summarize(runs, kills, 1.0, {"mode": "ray", "target": "actor"})
 
 
-def test_failures_name_counts_incomplete_runs_missed_kills_and_slow_actor_stops(faults) -> None:
+def test_failures_name_counts_incomplete_runs_missed_kills_and_slow_actor_stops() -> None:
     hit = {"run": 0, "attempt": 0, "target": "driver", "killed": True}
-    assert _report(faults, [hit] * 10, [True] * 10)["failures"] == []
-    assert _report(faults, [hit] * 9 + [{**hit, "killed": False}], [True] * 10)["failures"] == []  # 1 of 10: allowed
-    two_missed = _report(faults, [hit] * 8 + [{**hit, "killed": False}] * 2, [True] * 10)
+    assert _report([hit] * 10, [True] * 10)["failures"] == []
+    assert _report([hit] * 9 + [{**hit, "killed": False}], [True] * 10)["failures"] == []  # 1 of 10: allowed
+    two_missed = _report([hit] * 8 + [{**hit, "killed": False}] * 2, [True] * 10)
     assert two_missed["failures"] == ["missed kills: 2 of 10 planned (more than 10%)"]
-    bad = _report(faults, [hit], [True, False], lost=2, orphans=1)
+    bad = _report([hit], [True, False], lost=2, orphans=1)
     assert bad["failures"] == ["lost_steps = 2", "orphan_processes = 1", "runs that did not complete: [1]"]
     actor = {**hit, "target": "actor", "actor": "solver", "stop_s": 3.0, "named": True}
-    assert _report(faults, [actor], [True])["failures"] == []
+    assert _report([actor], [True])["failures"] == []
     for slow in ({**actor, "stop_s": 61.0}, {**actor, "named": False}):
-        assert _report(faults, [slow], [True])["failures"] == [
+        assert _report([slow], [True])["failures"] == [
             "actor kills that did not stop the driver within 60s with an error naming the role: ['run 0 attempt 0']"]
 
 
@@ -213,7 +190,7 @@ time.sleep(60)
 """
 
 
-def test_an_attempt_killed_at_once_reports_the_process_its_driver_left(tmp_path, faults, procs) -> None:
+def test_an_attempt_killed_at_once_reports_the_process_its_driver_left(tmp_path) -> None:
     run_dir = tmp_path / "run"
     plan = faults.KillPlan("time", 0.0, 0.0)
     own = {t for t in os.environ.get(faults.TOKENS_ENV, "").split(":") if t}  # a reaper of the test process's
@@ -244,7 +221,7 @@ sys.exit(1)
 """
 
 
-def test_an_actor_kill_waits_for_the_driver_to_stop_and_checks_it_named_the_role(tmp_path, faults) -> None:
+def test_an_actor_kill_waits_for_the_driver_to_stop_and_checks_it_named_the_role(tmp_path) -> None:
     run_dir = tmp_path / "run"
     run_dir.mkdir()
     rec, a = faults.run_attempt([sys.executable, "-c", FAKE_RAY_DRIVER, str(run_dir)], tmp_path / "log", run_dir,
@@ -259,7 +236,7 @@ def test_an_actor_kill_waits_for_the_driver_to_stop_and_checks_it_named_the_role
     assert not rec["killed"] and "names no actors" in rec["error"] and rec["rc"] == -9
 
 
-def test_an_attempt_without_a_ready_event_is_an_error(tmp_path, faults) -> None:
+def test_an_attempt_without_a_ready_event_is_an_error(tmp_path) -> None:
     # The driver prints the old console wording: only the run's events count.
     script = "import sys; print('actors ready in 0.1s; 0 reference questions; steps 0..1; run dir x'); sys.exit(3)"
     rec, a = faults.run_attempt([sys.executable, "-c", script], tmp_path / "log", tmp_path / "run", steps=2,
@@ -268,7 +245,7 @@ def test_an_attempt_without_a_ready_event_is_an_error(tmp_path, faults) -> None:
     assert not rec["killed"] and a.ready is None
 
 
-def test_the_event_reader_times_this_drivers_ready_and_step_events_once_each_line_is_whole(tmp_path, faults):
+def test_the_event_reader_times_this_drivers_ready_and_step_events_once_each_line_is_whole(tmp_path):
     events = tmp_path / "events.jsonl"
     me = os.getpid()
     events.write_text(json.dumps({"event": "step", "pid": me, "step": 1}) + "\n"  # before ready: not timed

@@ -16,7 +16,7 @@ ROOT = Path(__file__).resolve().parents[2]
 
 def test_the_bench_kills_a_real_run_and_resumes_it_with_nothing_lost(tmp_path, small_corpus) -> None:
     work = tmp_path / "faults"
-    proc = subprocess.run([sys.executable, "bench/faults.py", "--runs", "1", "--steps", "2", "--save-share", "0",
+    proc = subprocess.run([sys.executable, "-m", "bench.faults", "--runs", "1", "--steps", "2", "--save-share", "0",
                            "--workdir", str(work), "--", "corpus=jsonl", f"corpus.path={small_corpus}"],
                           cwd=ROOT, capture_output=True, text=True, timeout=600)
     report = json.loads(proc.stdout.splitlines()[-1])

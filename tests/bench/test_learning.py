@@ -1,21 +1,10 @@
 """bench/learning.py's pure parts: per-step series from a hand-made run dir, the eval summary,
 the eval's checkpoint overrides, the subprocess runner and the plot (no model is loaded)."""
-import importlib.util
 import json
 import sys
 from pathlib import Path
 
-import pytest
-
-SCRIPT = Path(__file__).resolve().parents[2] / "bench" / "learning.py"
-
-
-@pytest.fixture(scope="module")
-def learning():
-    spec = importlib.util.spec_from_file_location("bench_learning", SCRIPT)
-    module = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(module)
-    return module
+from bench import learning
 
 
 def _path(hops: int) -> dict:
@@ -60,7 +49,7 @@ def _write_run(run_dir: Path, torn: bool = True) -> None:
     (run_dir / "metrics.jsonl").write_text(lines + ('{"step": 2, "candi' if torn else ""))
 
 
-def test_series_from_hand_made_run(learning, tmp_path):
+def test_series_from_hand_made_run(tmp_path):
     _write_run(tmp_path)
     records, metrics = learning.load_run(tmp_path)
     s = learning.extract_series(metrics, records)
@@ -90,20 +79,20 @@ def test_series_from_hand_made_run(learning, tmp_path):
     assert all(len(v) == 2 for v in s.values())
 
 
-def test_hit_at_k_follows_the_configured_top_k(learning):
+def test_hit_at_k_follows_the_configured_top_k():
     two = {"step": 0, "ranker": {"hit@1": 0.25, "hit@2": 0.5}}  # ranker.top_k=2: cutoffs {1, 2}
     five = {"step": 1, "ranker": {"hit@1": 0.1, "hit@3": 0.2, "hit@5": 0.3}}
     s = learning.extract_series([two, five], [])
     assert s["hit@2"] == [0.5, None] and s["hit@K"] == [0.5, 0.3] and s["hit@3"] == [None, 0.2]
 
 
-def test_series_of_an_empty_or_missing_step(learning):
+def test_series_of_an_empty_or_missing_step():
     s = learning.extract_series([METRICS[1]], [])  # metrics line without its dump
     assert s["solver_groups"] == [0] and s["mixed_groups"] == [None] and s["accepted_hops"] == [[]]
     assert all(v == [] for v in learning.extract_series([], []).values())
 
 
-def test_eval_summary_reads_the_macro_average(learning):
+def test_eval_summary_reads_the_macro_average():
     result = {"metrics": {"nq": {"em": 1.0}, "average": {"n": 7, "datasets": 7, "em": 0.25, "f1": 0.5,
                                                           "cover_em": 0.375, "format_failure": 0.75,
                                                           "mean_searches": 1.5}}}
@@ -112,7 +101,7 @@ def test_eval_summary_reads_the_macro_average(learning):
                                              "per_dataset": {"nq": {"em": 1.0, "f1": None, "n": None}}}
 
 
-def test_eval_overrides_name_the_latest_checkpoint(learning, tmp_path):
+def test_eval_overrides_name_the_latest_checkpoint(tmp_path):
     assert learning.eval_overrides("control", tmp_path, "trainable") == (["ranker.mode=trainable"], None, None)
     overrides, ckpt, error = learning.eval_overrides("trained", tmp_path, "trainable")
     assert ckpt is None and "no complete checkpoint" in error
@@ -130,7 +119,7 @@ def test_eval_overrides_name_the_latest_checkpoint(learning, tmp_path):
                                                                         f"solver.checkpoint={last / 'solver'}"]
 
 
-def test_run_logged_reports_exit_code_and_output(learning, tmp_path):
+def test_run_logged_reports_exit_code_and_output(tmp_path):
     code = "import sys; print('one'); print('two', file=sys.stderr); sys.exit(3)"
     rc, tail, _ = learning.run_logged([sys.executable, "-c", code], tmp_path / "x.log", "t", None)
     assert rc == 3 and tail == ["one", "two"]
@@ -140,7 +129,7 @@ def test_run_logged_reports_exit_code_and_output(learning, tmp_path):
     assert rc != 0 and seconds < 20 and "time limit" in tail[-1]
 
 
-def test_plot_writes_a_png_with_a_missing_arm(learning, tmp_path):
+def test_plot_writes_a_png_with_a_missing_arm(tmp_path):
     _write_run(tmp_path / "run", torn=False)
     series = learning.extract_series(*reversed(learning.load_run(tmp_path / "run")))
     learning.plot({"trained": {"series": series}}, tmp_path / "curves.png")

@@ -6,6 +6,7 @@ from types import SimpleNamespace
 
 import pytest
 
+from bench import limits
 from coevo.core.types import SamplingParams
 
 
@@ -14,8 +15,7 @@ def _write_jsonl(path, records):
     return path
 
 
-def test_tiny_run_prints_peaks_batch_and_an_explicitly_skipped_decode(bench_script, tmp_path):
-    limits = bench_script("limits")
+def test_tiny_run_prints_peaks_batch_and_an_explicitly_skipped_decode(tmp_path):
     metrics = _write_jsonl(tmp_path / "metrics.jsonl", [
         {"step": 0, "update": {"solver": {"seq_tokens": 1000, "n_tokens": 100, "time_s": 2.0}},
          "time_s": {"solve": 1.0, "update": 2.0}, "tokens": {"solve": {"decode": 50}}}])
@@ -44,8 +44,7 @@ def test_tiny_run_prints_peaks_batch_and_an_explicitly_skipped_decode(bench_scri
     assert generation["fraction_skipped"] == "no decode rate (--no-decode)"
 
 
-def test_stage_fractions_by_hand_and_every_skipped_denominator_listed(bench_script):
-    limits = bench_script("limits")
+def test_stage_fractions_by_hand_and_every_skipped_denominator_listed():
     records = [
         # solver: 6 * 1e6 * 1000 / 3e9 = 2 s ideal in 2 s -> 1.0; stage 2 s ideal / 2.5 s -> 0.8;
         # generation 600 tokens / 3 s = 200 tok/s over 400 -> 0.5
@@ -75,8 +74,7 @@ def test_stage_fractions_by_hand_and_every_skipped_denominator_listed(bench_scri
     assert generation["median"] == 0.5 and [s["step"] for s in generation["skipped"]] == [2]
 
 
-def test_role_shapes_from_the_run_config_or_params(bench_script, tmp_path):
-    limits = bench_script("limits")
+def test_role_shapes_from_the_run_config_or_params(tmp_path):
     (tmp_path / "config.yaml").write_text("solver:\n  model: tiny-random\n  dtype: float32\n"
                                           "ranker:\n  model: tiny-random\n  dtype: bfloat16\n")
     shapes = limits.role_shapes(tmp_path, {"solver", "ranker"}, {"ranker": 5}, "cpu")
@@ -84,9 +82,8 @@ def test_role_shapes_from_the_run_config_or_params(bench_script, tmp_path):
                       "ranker": {"params": 5, "dtype": "bfloat16", "peak": "bf16"}}
 
 
-def test_pure_decode_ignores_eos_and_is_timed_by_rollout_throughput(bench_script, monkeypatch):
+def test_pure_decode_ignores_eos_and_is_timed_by_rollout_throughput(monkeypatch):
     """PureDecode through bench/rollout.py's `throughput`, over a fake vLLM (importing vLLM takes ~15 s)."""
-    limits = bench_script("limits")
     vllm, inputs = types.ModuleType("vllm"), types.ModuleType("vllm.inputs")
     vllm.SamplingParams = lambda **kw: SimpleNamespace(**kw)
     inputs.TokensPrompt = lambda prompt_token_ids: prompt_token_ids
@@ -98,7 +95,7 @@ def test_pure_decode_ignores_eos_and_is_timed_by_rollout_throughput(bench_script
         seen.extend(params)
         return [SimpleNamespace(outputs=[SimpleNamespace(token_ids=[7] * p.max_tokens)]) for p in params]
 
-    from rollout import throughput  # bench/ is on sys.path once limits is loaded
+    from bench.rollout import throughput
     prompts = [[1, 2, 3]] * 3
     tps, tokens, seconds = throughput(limits.PureDecode(SimpleNamespace(llm=SimpleNamespace(generate=generate))),
                                       prompts, SamplingParams(max_new_tokens=5, seed=10))

@@ -1,6 +1,5 @@
 """bench/memory.py's pure parts: tree sums over a hand-made process table, stage attribution of
 samples, the summaries and the report's JSON shape, the run plan (no model is loaded, no run started)."""
-import importlib.util
 import json
 import os
 import subprocess
@@ -10,28 +9,9 @@ from pathlib import Path
 
 import pytest
 
+from bench import memory
+from bench import memory_trace as trace
 from coevo.core.lifetime import Proc
-
-BENCH = Path(__file__).resolve().parents[2] / "bench"
-
-
-def _load(name: str):
-    spec = importlib.util.spec_from_file_location(f"bench_{name}", BENCH / f"{name}.py")
-    module = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(module)
-    return module
-
-
-@pytest.fixture(scope="module")
-def trace():
-    sys.path.insert(0, str(BENCH))  # bench/memory.py imports its sampler as a sibling module
-    return _load("memory_trace")
-
-
-@pytest.fixture(scope="module")
-def memory(trace):
-    return _load("memory")
-
 
 # driver 10 -> reaper 11, engine core 12 -> worker 13; 20 is an unrelated process, 14 a zombie gone from the table
 TABLE = {pid: Proc(pid, ppid, "S", 100 + pid) for pid, ppid in
@@ -43,23 +23,23 @@ STATUS = {10: "Name:\tpython\nVmRSS:\t  2048 kB\nRssAnon:\t  1024 kB\nRssFile:\t
           20: "VmRSS:\t 999999 kB\nRssAnon:\t 999999 kB\n"}
 
 
-def _reader(trace):
+def _reader():
     def read(pid):
         text = STATUS.get(pid)
         return None if text is None else trace.parse_kb(text, ("VmRSS", "RssAnon"))
     return read
 
 
-def test_parse_kb_reads_only_the_asked_fields(trace) -> None:
+def test_parse_kb_reads_only_the_asked_fields() -> None:
     rollup = "55eb-7ffe ---p 00000000 00:00 0   [rollup]\nRss:     247752 kB\nPss:      206211 kB\nPss_Anon: 1 kB\n"
     assert trace.parse_kb(rollup, ("Pss",)) == {"Pss": 206211}
     assert trace.parse_kb(STATUS[10], ("VmRSS", "RssAnon", "VmSwap")) == {"VmRSS": 2048, "RssAnon": 1024}
 
 
-def test_tree_sum_counts_the_driver_and_every_descendant_once(trace) -> None:
+def test_tree_sum_counts_the_driver_and_every_descendant_once() -> None:
     pids = trace.tree_pids(TABLE, 10)
     assert pids == {10, 11, 12, 13}
-    total = trace.tree_sum(pids, _reader(trace))
+    total = trace.tree_sum(pids, _reader())
     # (2048 + 512 + 1536) kB = 4 MiB RSS; (1024 + 256 + 512) kB = 1.75 MiB anon; 13 was gone: 3 processes
     assert total == {"n": 3, "VmRSS": 4.0, "RssAnon": 1.75}
     # Once the driver is gone its children are reparented to pid 1: nothing is its tree any more.
@@ -67,7 +47,7 @@ def test_tree_sum_counts_the_driver_and_every_descendant_once(trace) -> None:
     assert trace.tree_pids(orphans, 10) == set()
 
 
-def test_read_transitions_keeps_a_torn_last_line_for_later(trace) -> None:
+def test_read_transitions_keeps_a_torn_last_line_for_later() -> None:
     chunk = b'{"t": 1.5, "stage": "solve"}\n{"t": 2.0, "stage": ""}\n{"t": 3'
     # 28 + 1 and 23 + 1 bytes with their newlines
     assert trace.read_transitions(chunk) == ([(1.5, "solve"), (2.0, "")], 53)
@@ -80,7 +60,7 @@ def test_read_transitions_keeps_a_torn_last_line_for_later(trace) -> None:
     ("update/solver/backward", ["update", "backward"]), ("update/solver/sync", ["update", "sync"]),
     ("target", ["target"]),  # coevo.run's proposer stages keep their names
 ])
-def test_stage_keys(trace, path, keys) -> None:
+def test_stage_keys(path, keys) -> None:
     assert trace.stage_keys(path) == keys
 
 
@@ -101,14 +81,14 @@ SAMPLES = [_sample(5.0, 100.0), _sample(15.0, 300.0), _sample(21.5, 400.0), _sam
            _sample(33.6, 355.0, 310.0)]
 
 
-def test_stage_at_uses_the_last_transition_at_or_before_the_time(trace) -> None:
+def test_stage_at_uses_the_last_transition_at_or_before_the_time() -> None:
     assert trace.stage_at(TRANSITIONS, 5.0) == "load"
     assert trace.stage_at(TRANSITIONS, 20.0) == "update"  # two transitions at one time: the later one
     assert trace.stage_at(TRANSITIONS, 23.0) == "update/solver/backward"
     assert trace.stage_at(TRANSITIONS, 40.0) == ""
 
 
-def test_summarize_attributes_samples_to_stages_and_steps(trace) -> None:
+def test_summarize_attributes_samples_to_stages_and_steps() -> None:
     s = trace.summarize(SAMPLES, TRANSITIONS, STEP_ENDS, size_steps=1)
     assert s["stage_peak_mb"] == {"load": 100.0, "rollout": 360.0, "update": 900.0, "logprobs": 400.0,
                                   "backward": 900.0, "sync": 450.0, "other": 355.0}
@@ -123,7 +103,7 @@ def test_summarize_attributes_samples_to_stages_and_steps(trace) -> None:
     assert s["anon_after_step_by_process_mb"] == {}  # no step-end sample carried per-process figures
 
 
-def test_summarize_keeps_each_process_anon_after_each_step(trace) -> None:
+def test_summarize_keeps_each_process_anon_after_each_step() -> None:
     # step 2's first sample after its end is an interval sample; the one with the processes comes next
     samples = [*SAMPLES[:5], {**SAMPLES[5], "procs": {"driver": 200.0, "EngineCore:7": 40.0}}, SAMPLES[6], SAMPLES[7],
                SAMPLES[8], {**SAMPLES[8], "t": 33.7, "procs": {"driver": 210.0, "EngineCore:7": 41.5, "Worker:9": 3.0}}]
@@ -131,7 +111,7 @@ def test_summarize_keeps_each_process_anon_after_each_step(trace) -> None:
     assert by_process == {"EngineCore:7": [40.0, 41.5], "Worker:9": [None, 3.0], "driver": [200.0, 210.0]}
 
 
-def test_sample_labels_the_driver_and_its_children(trace, tmp_path) -> None:
+def test_sample_labels_the_driver_and_its_children(tmp_path) -> None:
     child = subprocess.Popen([sys.executable, "-c", "import time; time.sleep(30)"])
     try:
         t = trace.Trace(tmp_path / "stages", tmp_path / "metrics.jsonl")
@@ -143,7 +123,7 @@ def test_sample_labels_the_driver_and_its_children(trace, tmp_path) -> None:
         child.wait()
 
 
-def test_plan_runs_and_overrides(memory) -> None:
+def test_plan_runs_and_overrides() -> None:
     plan = memory.plan_runs(["hf", "vllm"], [8, 16, 32], group_size=4, steps=20, size_steps=3, long_size=None)
     assert [(p["engine"], p["size"], p["batch_questions"], p["steps"], p["after_steps"], p["long"]) for p in plan] == [
         ("hf", 8, 2, 3, 3, False), ("hf", 16, 4, 21, 20, True), ("hf", 32, 8, 3, 3, False),
@@ -162,7 +142,7 @@ def _run(engine, size, long, peak, after):
             "stage_peak_mb": {"update": peak}, "rss_after_step_mb": after, "pss_after_step_mb": [None] * len(after)}
 
 
-def test_aggregate_gives_the_issue_tables_and_checks(memory) -> None:
+def test_aggregate_gives_the_issue_tables_and_checks() -> None:
     runs = {"hf-8": _run("hf", 8, False, 1000.0, [900.0]), "hf-16": _run("hf", 16, True, 1100.0, [900, 1000.0, 1040.0]),
             "hf-32": _run("hf", 32, False, 1150.0, [950.0]), "vllm-8": _run("vllm", 8, True, 2000.0, [1.0, 2.0])}
     out = memory.aggregate(runs)
@@ -174,7 +154,7 @@ def test_aggregate_gives_the_issue_tables_and_checks(memory) -> None:
                              "vllm": {"update_growth": None, "rss_drift": None}}
 
 
-def test_report_json_shape_and_merge(memory, tmp_path) -> None:
+def test_report_json_shape_and_merge(tmp_path) -> None:
     runs = {"hf-8": {**_run("hf", 8, True, 1000.0, [900.0, 910.0, 905.0]), "error": None}}
     timelines = {"hf-8": {"t0": 0.0, "samples": [_sample(0.0, 10.0), _sample(1.0, float("nan"))],
                           "transitions": [(0.5, "solve")], "step_ends": [0.9]}}
@@ -194,7 +174,7 @@ def test_report_json_shape_and_merge(memory, tmp_path) -> None:
         memory.load_parts([bad])
 
 
-def test_plot_writes_a_png(memory, tmp_path) -> None:
+def test_plot_writes_a_png(tmp_path) -> None:
     runs = {"hf-8": {**_run("hf", 8, True, 1000.0, [900.0, 910.0]), "steps": 2}}
     timelines = {"hf-8": {"t0": 0.0, "samples": [_sample(t, 500.0 + t, 400.0 if t == 2 else None) for t in range(8)],
                           "transitions": [(1.0, "solve"), (3.0, ""), (3.0, "update"), (3.0, "update/solver"),
@@ -205,7 +185,7 @@ def test_plot_writes_a_png(memory, tmp_path) -> None:
     assert (tmp_path / "m.png").read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
 
 
-def test_watch_stops_a_run_over_the_cap(trace, tmp_path) -> None:
+def test_watch_stops_a_run_over_the_cap(tmp_path) -> None:
     import subprocess
 
     proc = subprocess.Popen([sys.executable, "-c", "import time; x = bytearray(64 << 20); time.sleep(60)"],
@@ -222,7 +202,7 @@ def test_watch_stops_a_run_over_the_cap(trace, tmp_path) -> None:
     assert proc.returncode == -9 and t.samples[-1]["rss"] > 32
 
 
-def test_step_ends_are_the_step_lines_with_their_metrics_records(trace, tmp_path) -> None:
+def test_step_ends_are_the_step_lines_with_their_metrics_records(tmp_path) -> None:
     import io
 
     metrics = tmp_path / "metrics.jsonl"

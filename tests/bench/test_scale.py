@@ -1,9 +1,10 @@
 """bench/scale.py at a few hundred passages: the synthetic corpus and the JSON line's keys (lazy paths too)."""
 import json
 
+from bench import scale
 
-def test_synthetic_corpus_is_seeded_with_unique_ids_and_titles(tmp_path, shared_data, bench_script):
-    scale = bench_script("scale")
+
+def test_synthetic_corpus_is_seeded_with_unique_ids_and_titles(tmp_path, shared_data):
     a = scale.synthetic_corpus(300, shared_data, tmp_path / "a.jsonl", seed=1)
     b = scale.synthetic_corpus(300, shared_data, tmp_path / "b.jsonl", seed=1)
     assert a.read_bytes() == b.read_bytes()  # the same seed, the same corpus
@@ -14,8 +15,7 @@ def test_synthetic_corpus_is_seeded_with_unique_ids_and_titles(tmp_path, shared_
     assert all(r["title"].rsplit(" (#", 1)[0] in real for r in rows)  # real titles, made unique
 
 
-def test_one_json_line_per_size_with_the_bm25s_measures(tmp_path, shared_data, capsys, bench_script):
-    scale = bench_script("scale")
+def test_one_json_line_per_size_with_the_bm25s_measures(tmp_path, shared_data, capsys):
     scale.main(["--sizes", "200", "--kinds", "bm25s", "--work", str(tmp_path), "--queries", "16",
                 "--data", str(shared_data), "--stats-sample", "40", "--targets", "3"])
     line = json.loads(capsys.readouterr().out.strip())

@@ -28,11 +28,11 @@ def test_command_overrides_reproduce_the_index_blocks(tmp_path):
     """The printed command, parsed by a shell and composed, gives the same corpus, retrieval and evidence blocks."""
     path = tmp_path / "my corpus's.jsonl"  # a space and a quote: both the shell and Hydra need quoting
     cfg = to_object(compose(["corpus=jsonl", f'corpus.path="{path}"', "retrieval=e5_faiss", "experiment=hops4",
-                             "evidence.shard_passages=3", "retrieval.device=null", "proposer.lr=0.5"]))
+                             "evidence.shard_passages=3", "retrieval.faiss.device=null", "proposer.lr=0.5"]))
     command = build_index.build_command(cfg)
     assert command.startswith("python -m evidence.build_index ")
     args = shlex.split(command)[3:]
-    assert "retrieval.query_prefix='query: '" in args and "evidence.max_hops=4" in args
+    assert "retrieval.faiss.query_prefix='query: '" in args and "evidence.max_hops=4" in args
     assert not any(a.startswith("proposer.") for a in args)  # no index depends on it
     again = to_object(compose(args))
     for block in build_index.BLOCKS:
@@ -108,13 +108,13 @@ def test_command_line_errors_name_the_key(tmp_path):
 
 @pytest.mark.slow
 @pytest.mark.parametrize("overrides", [["retrieval=bm25"], ["retrieval=dense_minilm"],
-                                       ["retrieval=dense_faiss", "retrieval.index_type=hnsw"]])
+                                       ["retrieval=dense_faiss", "retrieval.faiss.index_type=hnsw"]])
 def test_index_cache_path_is_where_the_retriever_caches(toy_corpus, tmp_path, overrides):
     """The path the run's check looks at, found without building, is the entry the build writes."""
     from coevo.core.cache import is_complete
     from evidence.retrieval import build_retriever, index_cache_path
 
-    cfg = to_object(compose([*overrides, f"retrieval.cache_dir={tmp_path}", "retrieval.device=cpu"])).retrieval
+    cfg = to_object(compose([*overrides, f"retrieval.cache_dir={tmp_path}", "retrieval.faiss.device=cpu"])).retrieval
     expected = index_cache_path(toy_corpus, cfg)
     assert expected is not None and expected.parent == tmp_path and not expected.exists()
     retriever = build_retriever(toy_corpus, cfg)

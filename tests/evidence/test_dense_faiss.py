@@ -20,7 +20,7 @@ import faiss
 import numpy as np
 import pytest
 
-from coevo.core.config import RetrievalConfig
+from coevo.core.config import FaissConfig, RetrievalConfig
 from coevo.core.inputs import load_labelled_questions
 from evidence.corpus import Corpus, load_corpus, shared_data_dir
 from evidence.dense_faiss import (
@@ -89,14 +89,15 @@ def fake_encoder(monkeypatch):
 
 @pytest.mark.parametrize("minilm_first", [True, False])
 def test_dense_minilm_and_dense_faiss_encode_a_corpus_once(toy, tmp_path, fake_encoder, minilm_first):
-    faiss_cfg = RetrievalConfig(backend="dense_faiss", cache_dir=str(tmp_path), device="cpu")
+    faiss_cfg = RetrievalConfig(backend="dense_faiss", cache_dir=str(tmp_path), faiss=FaissConfig(device="cpu"))
     if minilm_first:
         minilm = build_retriever(toy, "dense_minilm", cache_dir=str(tmp_path))
         flat = build_retriever(toy, faiss_cfg)
     else:
         flat = build_retriever(toy, faiss_cfg)
         minilm = build_retriever(toy, "dense_minilm", cache_dir=str(tmp_path))
-    hnsw = build_retriever(toy, dataclasses.replace(faiss_cfg, index_type="hnsw", hnsw_m=4))
+    hnsw_block = FaissConfig(device="cpu", index_type="hnsw", hnsw_m=4)
+    hnsw = build_retriever(toy, dataclasses.replace(faiss_cfg, faiss=hnsw_block))
     texts = [passage_text(p.title, p.text) for p in toy]
     assert [Counter(fake_encoder)[t] for t in texts] == [1] * len(toy)  # three indexes, one encoding
     assert minilm.from_cache == (not minilm_first) and not flat.from_cache and not hnsw.from_cache
@@ -106,12 +107,13 @@ def test_dense_minilm_and_dense_faiss_encode_a_corpus_once(toy, tmp_path, fake_e
     a, b = flat.search(QUERIES, 6), minilm.search(QUERIES, 6)
     assert ids(a) == ids(b) and a[0][0].passage_id == "d5"
     assert np.allclose([h.score for row in a for h in row], [h.score for row in b for h in row], atol=1e-5)
-    build_retriever(toy, dataclasses.replace(faiss_cfg, encoder="another/encoder"))
+    other = FaissConfig(device="cpu", encoder="another/encoder")
+    build_retriever(toy, dataclasses.replace(faiss_cfg, faiss=other))
     assert [Counter(fake_encoder)[t] for t in texts] == [2] * len(toy)  # another encoder: its own vectors
 
 
 def test_embeddings_key_names_encoder_corpus_and_what_changes_vectors(toy, corpus_from_rows, tmp_path, fake_encoder):
-    cfg = RetrievalConfig(backend="dense_faiss")
+    cfg = FaissConfig()
     spec = probe_spec(cfg)
     path = embeddings_path(toy, spec, str(tmp_path))
     assert path.parent == tmp_path and path == embeddings_path(toy, probe_spec(cfg), str(tmp_path))
@@ -127,14 +129,14 @@ def test_embeddings_key_names_encoder_corpus_and_what_changes_vectors(toy, corpu
 
 
 def test_factory_strings_and_their_errors():
-    cfg = RetrievalConfig(index_type="ivf_pq", ivf_nlist=4096, pq_m=16, pq_bits=8)
-    assert factory_string(RetrievalConfig(), 10, 384, "c") == "Flat"
-    assert factory_string(RetrievalConfig(index_type="hnsw", hnsw_m=16), 10, 384, "c") == "HNSW16"
+    cfg = FaissConfig(index_type="ivf_pq", ivf_nlist=4096, pq_m=16, pq_bits=8)
+    assert factory_string(FaissConfig(), 10, 384, "c") == "Flat"
+    assert factory_string(FaissConfig(index_type="hnsw", hnsw_m=16), 10, 384, "c") == "HNSW16"
     assert factory_string(cfg, 21_000_000, 768, "wiki18") == "IVF4096,PQ16x8"
     assert factory_string(cfg, 14_308, 384, "wiki_mini") == "IVF366,PQ16x8"  # nlist capped at n/39
-    with pytest.raises(ValueError, match=r"retrieval\.pq_m=10 does not divide the embedding dimension 384"):
-        factory_string(RetrievalConfig(index_type="ivf_pq", pq_m=10), 1000, 384, "c")
-    with pytest.raises(ValueError, match=r"retrieval\.pq_bits=8 needs at least 256 passages .* corpus 'c' has 100"):
+    with pytest.raises(ValueError, match=r"retrieval\.faiss\.pq_m=10 does not divide the embedding dimension 384"):
+        factory_string(FaissConfig(index_type="ivf_pq", pq_m=10), 1000, 384, "c")
+    with pytest.raises(ValueError, match=r"retrieval\.faiss\.pq_bits=8 needs at least 256 passages .* 'c' has 100"):
         factory_string(cfg, 100, 384, "c")
 
 
@@ -143,9 +145,9 @@ def test_hnsw_and_ivf_pq_indexes_find_neighbours_of_random_vectors():
     x = rng.standard_normal((600, 32)).astype(np.float32)
     x /= np.linalg.norm(x, axis=1, keepdims=True)
     exact = np.argsort(-(x[:50] @ x.T), axis=1)[:, :10]
-    for cfg, factory, at_least in [(RetrievalConfig(index_type="hnsw", hnsw_m=16), "HNSW16", 0.95),
-                                   (RetrievalConfig(index_type="ivf_pq", pq_m=8, pq_bits=6, ivf_nprobe=4),
-                                    factory_string(RetrievalConfig(index_type="ivf_pq", pq_m=8, pq_bits=6), 600, 32,
+    for cfg, factory, at_least in [(FaissConfig(index_type="hnsw", hnsw_m=16), "HNSW16", 0.95),
+                                   (FaissConfig(index_type="ivf_pq", pq_m=8, pq_bits=6, ivf_nprobe=4),
+                                    factory_string(FaissConfig(index_type="ivf_pq", pq_m=8, pq_bits=6), 600, 32,
                                                    "r"), 0.3)]:
         index = build_index(x, factory, cfg)
         if cfg.index_type == "hnsw":
@@ -176,17 +178,17 @@ def test_built_flat_index_equals_dense_minilm_and_is_cached(toy, tmp_path):
 @pytest.mark.parametrize("overrides", [{"index_type": "hnsw", "hnsw_m": 4},
                                        {"index_type": "ivf_pq", "pq_m": 8, "pq_bits": 2, "ivf_nprobe": 4}])
 def test_hnsw_and_ivf_pq_build_and_search_through_the_backend(toy, tmp_path, overrides):
-    cfg = RetrievalConfig(backend="dense_faiss", cache_dir=str(tmp_path), **overrides)
+    cfg = RetrievalConfig(backend="dense_faiss", cache_dir=str(tmp_path), faiss=FaissConfig(**overrides))
     r = build_retriever(toy, cfg)
     rows = r.search(QUERIES, 3)
     assert all(1 <= len(row) <= 3 and len({h.passage_id for h in row}) == len(row) for row in rows)
     assert all(x.score >= y.score for row in rows for x, y in zip(row, row[1:]))
-    if cfg.index_type == "hnsw":
+    if cfg.faiss.index_type == "hnsw":
         assert ids(rows) == ids(build_retriever(toy, RetrievalConfig(backend="dense_faiss",
                                                                      cache_dir=str(tmp_path))).search(QUERIES, 3))
     assert build_retriever(toy, cfg).from_cache
     entries = sorted(e.name.split("-")[1] for e in tmp_path.iterdir() if not e.name.startswith("."))
-    assert cfg.index_type in entries
+    assert cfg.faiss.index_type in entries
 
 
 @pytest.fixture(scope="module")
@@ -214,7 +216,7 @@ def test_prebuilt_flat_index_equals_the_numpy_matmul_on_wiki_mini(wiki_subset, t
     index.add(numpy_r.embeddings)
     faiss.write_index(index, str(tmp_path / "e5_Flat.index"))
     jsonl = load_corpus(write_jsonl(corpus, tmp_path / "subset.jsonl"))  # ids = line order
-    cfg = RetrievalConfig(backend="dense_faiss", index_path=str(tmp_path / "e5_Flat.index"),
+    cfg = RetrievalConfig(backend="dense_faiss", faiss=FaissConfig(index_path=str(tmp_path / "e5_Flat.index")),
                           cache_dir=str(tmp_path / "cache"))
     faiss_r = build_retriever(jsonl, cfg)
     texts = [q.question for q in questions]
@@ -231,8 +233,8 @@ def test_hnsw_and_ivf_pq_agree_with_flat_on_wiki_mini_vectors(wiki_subset):
     corpus, questions, numpy_r = wiki_subset
     q = encode(numpy_r.encoder, [x.question for x in questions], 16, True)
     exact = np.argsort(-(q @ numpy_r.embeddings.T), axis=1)[:, :10]
-    hnsw = build_index(numpy_r.embeddings, "HNSW16", RetrievalConfig(index_type="hnsw"))
-    ivf_cfg = RetrievalConfig(index_type="ivf_pq", pq_m=16, pq_bits=6)
+    hnsw = build_index(numpy_r.embeddings, "HNSW16", FaissConfig(index_type="hnsw"))
+    ivf_cfg = FaissConfig(index_type="ivf_pq", pq_m=16, pq_bits=6)
     ivf = build_index(numpy_r.embeddings, factory_string(ivf_cfg, len(corpus), q.shape[1], corpus.name), ivf_cfg)
     faiss.extract_index_ivf(ivf).nprobe = 4  # of 4 lists (160 // 39): every list, so only PQ approximates
     for index, at_least in ((hnsw, 0.95), (ivf, 0.6)):
@@ -248,15 +250,16 @@ def test_index_size_and_dimension_mismatches_name_both_files(toy, tmp_path):
     small.add(np.zeros((len(toy) - 1, 384), dtype=np.float32))
     faiss.write_index(small, str(tmp_path / "small.index"))
     with pytest.raises(ValueError) as err:
-        build_retriever(load_corpus(jsonl), RetrievalConfig(backend="dense_faiss",
-                                                            index_path=str(tmp_path / "small.index")))
+        small_block = FaissConfig(index_path=str(tmp_path / "small.index"))
+        build_retriever(load_corpus(jsonl), RetrievalConfig(backend="dense_faiss", faiss=small_block))
     assert str(tmp_path / "small.index") in str(err.value) and str(jsonl) in str(err.value)
     assert "holds 5 vectors" in str(err.value) and "has 6 passages" in str(err.value)
     narrow = faiss.IndexFlatIP(8)
     narrow.add(np.zeros((len(toy), 8), dtype=np.float32))
     faiss.write_index(narrow, str(tmp_path / "narrow.index"))
     with pytest.raises(ValueError, match=r"narrow\.index holds vectors of size 8 but encoder .* makes 384"):
-        build_retriever(load_corpus(jsonl), RetrievalConfig(backend="dense_faiss",
-                                                            index_path=str(tmp_path / "narrow.index")))
-    with pytest.raises(FileNotFoundError, match=r"retrieval\.index_path=.*nope\.index: no such file"):
-        build_retriever(toy, RetrievalConfig(backend="dense_faiss", index_path=os.fspath(tmp_path / "nope.index")))
+        narrow_block = FaissConfig(index_path=str(tmp_path / "narrow.index"))
+        build_retriever(load_corpus(jsonl), RetrievalConfig(backend="dense_faiss", faiss=narrow_block))
+    nope = FaissConfig(index_path=os.fspath(tmp_path / "nope.index"))
+    with pytest.raises(FileNotFoundError, match=r"retrieval\.faiss\.index_path=.*nope\.index: no such file"):
+        build_retriever(toy, RetrievalConfig(backend="dense_faiss", faiss=nope))

@@ -12,7 +12,7 @@ from pathlib import Path
 
 import pytest
 
-from coevo.core.config import RetrievalConfig
+from coevo.core.config import HttpConfig, RetrievalConfig
 from evidence.corpus import Corpus, Passage, load_corpus
 from evidence.http_retrieval import RetrievalServerError, parse_result
 from evidence.retrieval import build_retriever
@@ -41,7 +41,7 @@ def served(corpus, tmp_path):
 
 
 def client(corpus, url, **kw):
-    return build_retriever(corpus, RetrievalConfig(backend="http", url=url, **kw))
+    return build_retriever(corpus, RetrievalConfig(backend="http", http=HttpConfig(url=url, **kw)))
 
 
 def post(url, payload):
@@ -127,8 +127,8 @@ def test_ids_the_local_corpus_lacks_are_an_error_naming_the_url(served):
 
 def test_serve_refuses_a_bad_override_and_http_itself(capsys):
     with pytest.raises(SystemExit) as err:
-        main(["retrieval.index_typ=flat"])
-    assert err.value.code == 2 and "retrieval.index_type" in capsys.readouterr().err
+        main(["retrieval.faiss.index_typ=flat"])
+    assert err.value.code == 2 and "retrieval.faiss.index_type" in capsys.readouterr().err
     with pytest.raises(SystemExit) as err:
         main(["retrieval=http"])
     assert err.value.code == 2 and "expected a local backend" in capsys.readouterr().err

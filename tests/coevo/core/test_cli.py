@@ -8,20 +8,20 @@ import pytest
 
 from coevo.core.cli import DRY_RUN_OVERRIDES, format_help, hydra_entry
 from coevo.core.config import SCHEMAS, compose, to_object
-from coevo.core.schema import field_docs
 
 ROOTS = {"coevo": SCHEMAS["coevo_schema"], "solve": SCHEMAS["solve_schema"], "eval": SCHEMAS["eval_schema"]}
 
 
 def documented_fields(schema: type, prefix: str = "") -> list[tuple[str, str]]:
-    """(dotted key, its documentation) of every leaf field, walking the dataclasses with typing alone."""
+    """(dotted key, its documentation and range) of every leaf field, walking the dataclasses with typing alone."""
     out = []
-    hints, docs = get_type_hints(schema), field_docs(schema)
+    hints = get_type_hints(schema)
     for f in fields(schema):
         if is_dataclass(hints[f.name]):
             out += documented_fields(hints[f.name], f"{prefix}{f.name}.")
         else:
-            out.append((prefix + f.name, docs[f.name]))
+            valid = f.metadata["range"]
+            out.append((prefix + f.name, f.metadata["doc"] + (f"  [range: {valid.describe(f.name)}]" if valid else "")))
     return out
 
 
@@ -53,12 +53,26 @@ def test_help_of_one_part_shows_the_overridden_values():
     assert "  ranker.n_candidates: int = 5" in text  # the smoke experiment's value
     assert "solver." not in text and "proposer." not in text
     one = format_help("coevo", compose([], return_hydra_config=True), ["solver.reward.tool_cost"])
-    assert one == "  solver.reward.tool_cost: float = 0.2  # lambda: penalty for extra searches among correct rollouts"
+    assert one == ("  solver.reward.tool_cost: float = 0.2  # lambda: penalty for extra searches among correct rollouts"
+                   "  [range: tool_cost >= 0]")
     group = format_help("coevo", compose([], return_hydra_config=True), ["experiment"])
     assert group.splitlines()[0] == "experiment=null (options: configs/experiment/<option>.yaml)"
     assert "  smoke               Tiny random models and small sizes" in group
     with pytest.raises(ValueError, match=r"^unknown config key 'rankr': did you mean 'ranker'\?"):
         format_help("coevo", compose([], return_hydra_config=True), ["rankr"])
+
+
+def test_help_of_retrieval_shows_each_backend_block_with_type_value_doc_and_range():
+    text = format_help("coevo", compose(["retrieval=e5_faiss"], return_hydra_config=True), ["retrieval"])
+    lines = text.splitlines()
+    titles = [ln for ln in lines if ln.startswith("retrieval")]
+    assert [t.split(" (")[0] for t in titles] == ["retrieval=e5_faiss", "retrieval", "retrieval.faiss",
+                                                  "retrieval.http"]
+    assert "  retrieval.replicas: int = 1" in text
+    assert "  retrieval.faiss.encoder: str | null = intfloat/e5-base-v2 " in text
+    hnsw = next(ln for ln in lines if ln.startswith("  retrieval.faiss.hnsw_m: int = 32 "))
+    assert hnsw.endswith("# hnsw: links per node (more: better recall, more memory)  [range: hnsw_m >= 2]")
+    assert any(ln.startswith("  retrieval.http.url: str = http://127.0.0.1:8000/retrieve ") for ln in lines)
 
 
 class FakeHydraMain:
@@ -110,4 +124,5 @@ def test_help_prints_and_exits_without_hydra(monkeypatch, capsys):
     code, hydra_argv = _entry(monkeypatch, ["experiment=smoke", "--help", "ranker.top_k"])
     assert code == 0 and hydra_argv is None
     out = capsys.readouterr().out
-    assert out == "  ranker.top_k: int = 3  # K: documents the ranker returns to the solver (paper 5)\n"
+    assert out == ("  ranker.top_k: int = 3  # K: documents the ranker returns to the solver (paper 5)"
+                   "  [range: top_k >= 1]\n")

@@ -60,7 +60,7 @@ def test_unknown_key_named():
     ("ranker.grouping=x", "ranker.grouping", "semantic, by_question"),
     ("ranker.relevance=x", "ranker.relevance", "answer, evidence, both"),
     ("retrieval.backend=bm99", "retrieval.backend", "bm25s, rank_bm25, dense_minilm, dense_faiss, http"),
-    ("retrieval.index_type=IVF", "retrieval.index_type", "flat, hnsw, ivf_pq"),
+    ("retrieval.faiss.index_type=IVF", "retrieval.faiss.index_type", "flat, hnsw, ivf_pq"),
     ("solver.reward.correctness=acc", "solver.reward.correctness", "em, f1, f1_content"),
     ("proposer.reward=linear", "proposer.reward", "abs, quadratic, adversarial"),
     ("rollout.engine=tpu", "rollout.engine", "hf, vllm"),

@@ -1,4 +1,4 @@
-"""Config ranges (coevo/core/ranges.py): every numeric key of every root has one, and it is enforced."""
+"""Config ranges (on each field, coevo/core/ranges.py): every numeric key of every root has one, and it is enforced."""
 import copy
 import dataclasses
 import functools
@@ -50,7 +50,7 @@ def test_the_walk_finds_the_schema_numbers():
 
 @pytest.mark.parametrize("root,key,cls,field,kind", ALL_FIELDS, ids=[f"{r}:{k}" for r, k, *_ in ALL_FIELDS])
 def test_every_numeric_field_has_a_range(root, key, cls, field, kind):
-    assert range_of(cls, field) is not None, f"add a range for {cls.__name__}.{field} to coevo/core/ranges.py"
+    assert range_of(cls, field) is not None, f"give {cls.__name__}.{field} a range: key(default, doc, range)"
 
 
 def _outside(valid: Range, kind: type) -> list:

@@ -1,4 +1,4 @@
-"""Schema keys: unknown keys refused with the closest known key (with `+` or without), field docs from the source."""
+"""Schema keys: unknown keys refused with the closest known key (with `+` or without), docs and ranges on the fields."""
 from dataclasses import fields, is_dataclass
 from typing import Optional, get_type_hints
 
@@ -8,6 +8,7 @@ from hypothesis import strategies as st
 from omegaconf import OmegaConf
 
 from coevo.core.config import SCHEMAS, Engine, PolicyConfig, ProposerConfig, compose, to_object
+from coevo.core.ranges import FRACTION, NON_NEGATIVE, Range
 from coevo.core.schema import closest_keys, field_docs, override_key, schema_keys, type_name
 
 ROOTS = {"coevo": SCHEMAS["coevo_schema"], "solve": SCHEMAS["solve_schema"], "eval": SCHEMAS["eval_schema"]}
@@ -29,6 +30,23 @@ def test_unknown_keys_are_refused_with_the_closest_known_key(root, override, sug
         compose(["experiment=smoke", override], config_name=root)
     assert str(err.value).startswith(f"unknown config key '{key}': did you mean '{suggestion}'? (")
     assert "--help lists every key" in str(err.value)
+
+
+# The keys that moved into retrieval's backend blocks: the flat name is refused with the new one.
+MOVED = {**{k: f"retrieval.faiss.{k}" for k in (
+    "encoder", "query_prefix", "passage_prefix", "normalize", "device", "encode_batch_size", "index_type",
+    "index_path", "hnsw_m", "hnsw_ef_construction", "hnsw_ef_search", "ivf_nlist", "ivf_nprobe", "pq_m", "pq_bits")},
+    **{k: f"retrieval.http.{k}" for k in ("url", "timeout_s", "retries", "backoff_s")}}
+
+
+@pytest.mark.parametrize("old,new", sorted(MOVED.items()))
+def test_a_flat_retrieval_key_is_refused_naming_its_block(old, new):
+    with pytest.raises(ValueError) as err:
+        compose(["experiment=smoke", f"retrieval.{old}=1"])
+    block = new.rpartition(".")[0]
+    assert str(err.value).startswith(f"unknown config key 'retrieval.{old}': did you mean '{new}'? "
+                                     f"(block {block} holds '{old}'; '{old}' is not a key of retrieval; ")
+    assert new in {k.path for k in schema_keys(ROOTS["coevo"])}
 
 
 def test_the_message_names_where_the_key_is_missing_and_the_keys_there():
@@ -81,15 +99,19 @@ def test_every_field_of_every_schema_dataclass_has_documentation(root):
         docs, hints = field_docs(cls), get_type_hints(cls)
         # A nested block documents itself with its class docstring.
         missing = [f.name for f in fields(cls) if not docs.get(f.name) and not is_dataclass(hints[f.name])]
-        assert missing == [], f"{cls.__name__}: fields without a trailing comment: {missing}"
+        assert missing == [], f"{cls.__name__}: fields without a doc in key(default, doc, range): {missing}"
         assert all(cls.__doc__ for cls in classes)
 
 
-def test_field_docs_are_the_comments_after_each_field():
+def test_field_docs_and_ranges_are_the_fields_metadata():
     docs = field_docs(PolicyConfig)
     assert docs["lr"] == "AdamW learning rate"
-    assert docs["engine"] == "generation engine: hf | vllm"  # after `# type: ignore[assignment]`
+    assert docs["engine"] == "generation engine: hf | vllm"  # an interpolated default
     assert docs["vllm_enforce_eager"] == "skip CUDA graph capture"
+    keys = {k.path: k for k in schema_keys(ROOTS["coevo"])}
+    assert keys["solver.lr"].range == NON_NEGATIVE and keys["solver.top_p"].range == FRACTION
+    assert keys["retrieval.faiss.pq_bits"].range == Range(1, 16) and keys["retrieval.backend"].range is None
+    assert keys["retrieval.http"].doc.startswith("retrieval.backend=http") and keys["solver.reward"].doc
     inherited = field_docs(ProposerConfig)
     assert inherited["lr"] == "AdamW learning rate" and inherited["group_size"].startswith("target candidates")
 

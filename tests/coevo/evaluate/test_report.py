@@ -135,13 +135,13 @@ def test_html_report_escapes_every_cell_and_shows_the_reference(tmp_path):
     write_page(out, run_page(data, data.records))
     page = out.read_text(encoding="utf-8")
     assert "<script>" not in page and "<b>" not in page
-    assert "&lt;script&gt;alert(&quot;x&quot;)&lt;/script&gt;" in page
+    assert "&lt;script&gt;alert(&#34;x&#34;)&lt;/script&gt;" in page  # markupsafe's spelling of the quotes
     # The reference column holds each record's reference question (not None).
-    assert "<td>ref &lt;script&gt;alert(&quot;x&quot;)&lt;/script&gt; &amp; &#x27;quotes&#x27;</td>" in page
+    assert "<td>ref &lt;script&gt;alert(&#34;x&#34;)&lt;/script&gt; &amp; &#39;quotes&#39;</td>" in page
     candidates = page.split('<table class="cands">')[1].split("</table>")[0]
     rows = candidates.split("<tr>")[2:]  # after the header row
     assert len(rows) == 6
-    assert rows[1].split("<td>")[6] == "&lt;script&gt;alert(&quot;x&quot;)&lt;/script&gt;</td>"  # accuracy cell
+    assert rows[1].split("<td>")[6] == "&lt;script&gt;alert(&#34;x&#34;)&lt;/script&gt;</td>"  # accuracy cell
     assert rows[4].split("<td>")[2] == "-</td>"  # a record without reference_question
 
 

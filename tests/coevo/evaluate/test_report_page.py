@@ -12,6 +12,7 @@ from pathlib import Path
 import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
+from markupsafe import escape
 
 from coevo.evaluate.report_page import compare_page, run_page
 from coevo.evaluate.series import (
@@ -334,6 +335,36 @@ def test_any_dump_text_renders_as_well_formed_text(texts, leaves):
     text = "".join(Page(run_page(run, records)).text)
     assert all(t in text for t in texts if t.strip())
     Page(compare_page([run, run]))
+
+
+FIELDS = ("reference_question", "target", "question", "answer", "transcript", "sub_query", "output", "sentence",
+          "reason", "label")
+MARKUP = ["<script>alert(1)</script>", "</pre></td>", "\"><b x='", "&amp;", "<!--"]
+
+
+@settings(max_examples=25, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+@given(st.text(max_size=30), st.sampled_from(MARKUP))
+def test_text_in_any_report_field_reaches_the_page_escaped(text, markup):
+    """Property: text put into a report field (question, answer, model output, label, ...) shows up on
+    both pages only escaped. Each field's value opens with its own `<probeN>` element: none of them
+    may parse as an element, the escaped value must be in the HTML, and the value must read back as text."""
+    value = {field: f"<probe{i}>{markup}{text}" for i, field in enumerate(FIELDS)}
+    call = {**_call(0, True), "sub_query": value["sub_query"], "output": value["output"]}
+    rollout = {**_rollout(0, 1.0, [call]), "answer": value["answer"], "transcript": value["transcript"]}
+    task = _cand("accepted", "", hops=1, rollouts=[rollout], question=value["question"], target=value["target"])
+    task["evidence_path"]["hops"][0]["sentence"] = value["sentence"]
+    rejected = _cand("target", value["reason"])
+    records = [{**r, "reference_question": value["reference_question"], "step": 0} for r in (task, rejected)]
+    run = RunData(value["label"], Path("r"), records, [], extract_series([], records), step_funnels(records),
+                  step_reasons(records), step_accuracies(records), step_hops(records))
+    for html_text, fields in ((run_page(run, records), FIELDS), (compare_page([run, run]), ("reason", "label"))):
+        raw = str(html_text)
+        page = Page(raw)
+        assert not [t for t in page.tags if t.startswith("probe")] and "script" not in page.tags
+        assert "<probe" not in raw and "<script" not in raw
+        for field in fields:
+            assert str(escape(value[field])) in raw, field
+            assert value[field] in "".join(page.text), field
 
 
 def test_cli_needs_one_run_or_a_comparison(trained, control, capsys):

@@ -11,7 +11,7 @@ from coevo.core.grpo import sequence_token_logprobs
 from coevo.core.types import SamplingParams, TrainSequence
 from coevo.train.checkpoint import resumable_checkpoint, save_checkpoint, verify_checkpoint
 from coevo.train.engines.vllm import _engine_tensors
-from coevo.train.lora import is_adapter_dir, merged_state_dict
+from coevo.train.lora import hf_model, is_adapter_dir, merged_state_dict
 from coevo.train.models import load_model_and_tokenizer
 from coevo.train.policy import Policy
 from coevo.train.recompute import remaining_dropout
@@ -67,7 +67,7 @@ def test_checkpointed_step_equals_the_plain_step_and_recomputes(tiny, rank: int)
                         copy.deepcopy(model), tok)
         _use_sgd(policy, lr=0.5)
         initial = {k: v.detach().clone() for k, v in policy.model.state_dict().items()}
-        calls, layer = [], policy.net.model.layers[0]
+        calls, layer = [], hf_model(policy.model).model.layers[0]
         forward = layer.forward  # counted by wrapping: torch runs no module hooks when it recomputes
         layer.forward = lambda *a, **k: calls.append(1) or forward(*a, **k)
         policy.update(_batch(tok))
@@ -93,7 +93,7 @@ def test_checkpointing_turns_dropout_off_so_train_mode_is_eval_mode(tiny_dir) ->
     assert not all(torch.allclose(a, b, atol=1e-4) for a, b in zip(eval_lp, dropped))
     assert remaining_dropout(model)
     policy = Policy(_cfg(gradient_checkpointing=True), model.eval(), tok)
-    assert remaining_dropout(policy.model) == [] and policy.net.is_gradient_checkpointing
+    assert remaining_dropout(policy.model) == [] and hf_model(policy.model).is_gradient_checkpointing
     train_lp = _logprobs(policy.model.train(), seqs)
     policy.model.eval()
     assert all(torch.allclose(a, b, atol=1e-6, rtol=0) for a, b in zip(eval_lp, train_lp))
@@ -125,14 +125,14 @@ def test_lora_reference_is_the_untrained_base_and_positive_advantage_rises(tiny)
     batch = _batch(tok)
     policy = Policy(_cfg(rank=4, kl_coef=0.1, grad_clip=0.0), model, tok)
     _use_sgd(policy, lr=0.05)
-    before = _masked_sums(policy.net, batch)
+    before = _masked_sums(hf_model(policy.model), batch)
     assert before == pytest.approx(_masked_sums(base, batch), abs=1e-6)  # a fresh adapter (B = 0) changes nothing
     policy.update(batch)
-    after = _masked_sums(policy.net, batch)
+    after = _masked_sums(hf_model(policy.model), batch)
     for s, b, a in zip(batch, before, after):
         assert (a - b) * s.advantage > 0, (s.advantage, b, a)
     with policy.model.disable_adapter():
-        reference = _logprobs(policy.net, batch)
+        reference = _logprobs(hf_model(policy.model), batch)
     assert all(torch.allclose(r, b, atol=1e-6, rtol=0) for r, b in zip(reference, _logprobs(base, batch)))
     assert policy.update(batch)["kl"] > 0  # the policy has moved away from that reference
 
@@ -151,8 +151,8 @@ def test_lora_save_load_round_trip_resume_and_eval_load(tiny, tiny_dir, tmp_path
     fresh = Policy.from_config(cfg, "solver")
     fresh.load(target)
     seqs = _batch(tok)
-    expected = _logprobs(policy.net, seqs)
-    assert all(torch.equal(a, b) for a, b in zip(expected, _logprobs(fresh.net, seqs)))
+    expected = _logprobs(hf_model(policy.model), seqs)
+    assert all(torch.equal(a, b) for a, b in zip(expected, _logprobs(hf_model(fresh.model), seqs)))
     state_a, state_b = policy.optimizer.state_dict()["state"], fresh.optimizer.state_dict()["state"]
     assert state_a.keys() == state_b.keys() and all(torch.equal(state_a[k]["exp_avg"], state_b[k]["exp_avg"])
                                                     for k in state_a)
@@ -219,7 +219,7 @@ def test_vllm_receives_merged_base_plus_delta_weights(tiny) -> None:
     before = {k: v.clone() for k, v in policy.model.state_dict().items()}
     merged = merged_state_dict(policy.model)
     assert set(merged) == plain_names
-    layer = policy.net.model.layers[1].mlp.down_proj
+    layer = hf_model(policy.model).model.layers[1].mlp.down_proj
     delta = (layer.lora_B["default"].weight @ layer.lora_A["default"].weight) * (8.0 / 4)
     assert delta.abs().max() > 0
     assert torch.allclose(merged["model.layers.1.mlp.down_proj.weight"],
@@ -228,10 +228,10 @@ def test_vllm_receives_merged_base_plus_delta_weights(tiny) -> None:
     # A plain model holding the merged weights computes what the LoRA policy computes.
     plain = copy.deepcopy(base)
     plain.update(merged)
-    reference = type(policy.net)(policy.net.config)
+    reference = type(hf_model(policy.model))(hf_model(policy.model).config)
     reference.load_state_dict(plain)
     seqs = _batch(tok)
-    assert all(torch.allclose(a, b, atol=1e-5) for a, b in zip(_logprobs(policy.net, seqs),
+    assert all(torch.allclose(a, b, atol=1e-5) for a, b in zip(_logprobs(hf_model(policy.model), seqs),
                                                                   _logprobs(reference, seqs)))
     tensors = _engine_tensors(policy.model)  # what VLLMEngine stages or sends
     assert set(tensors) == plain_names and torch.equal(tensors["model.layers.1.mlp.down_proj.weight"],

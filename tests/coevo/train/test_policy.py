@@ -293,8 +293,8 @@ def test_shared_prompt_gives_the_same_step_and_groups_micro_batches_by_prompt(ti
     for shared in (False, True):
         policy = Policy(_cfg(micro_batch_size=4, shared_prompt=shared, kl_coef=0.1), copy.deepcopy(model), tok)
         policy.optimizer = torch.optim.SGD(policy.model.parameters(), lr=1.0)
-        chunks = policy._micro_batches(batch)
-        prefixes = [policy._tensors(c).prefix for c in chunks]
+        chunks = policy.micro_batches(batch)
+        prefixes = [policy.micro_batch_tensors(c).prefix for c in chunks]
         policy.update(batch)
         results.append(_params(policy.model))
     assert sorted(len(c) for c in chunks) == [2, 4]  # the 4 rollouts of one prompt, then the 2 of the other

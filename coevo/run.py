@@ -35,10 +35,18 @@ from coevo.orchestrate.actors import create_actors, create_local_actors
 from coevo.orchestrate.cluster import record_placement
 from coevo.orchestrate.loop import coevolution_step, step_seed
 from coevo.orchestrate.outputs import MetricsLog, step_headline, write_task_dump
-from coevo.orchestrate.persist import checkpoint_due, open_metrics, open_run, restore, run_and_report, save_step
+from coevo.orchestrate.persist import (
+    checkpoint_due,
+    open_metrics,
+    open_run,
+    restore,
+    run_and_report,
+    run_checks,
+    save_step,
+)
 from coevo.orchestrate.stack import model_roles
 from coevo.orchestrate.timing import breakdown_line
-from coevo.startup import Command, run_checks, start
+from coevo.startup import Command, start
 from proposer.curriculum import CurriculumState
 
 register_schema()

@@ -19,10 +19,10 @@ from omegaconf import DictConfig
 
 from coevo.core.cli import hydra_entry
 from coevo.core.config import SolveRootConfig, register_schema
-from coevo.orchestrate.persist import run_and_report
+from coevo.orchestrate.persist import run_and_report, run_checks
 from coevo.orchestrate.solve import run_solve, to_solve_object
 from coevo.orchestrate.stack import model_roles
-from coevo.startup import Command, run_checks, start
+from coevo.startup import Command, start
 
 register_schema()
 

@@ -3,7 +3,7 @@
 In this order, for every command:
 1. the reaper (coevo/core/lifetime.py) first: every process the command starts carries its token;
 2. the config validated (`command.validate`): an invalid one is `<prog>: error: ...`, exit 2;
-3. the checks a real run makes before it would start a model (`command.checks`; `run_checks` for
+3. the checks a real run makes before it would start a model (`command.checks`; `persist.run_checks` for
    the training commands: every model located, the GPU plan, visible GPUs, a large corpus's indexes,
    the memory estimate), then
 4. `dry_run=true`: the plan, i.e. the loaded stack (`format_summary`), printed; exit 0.
@@ -14,7 +14,7 @@ tokenizer or hub download starts before the checks pass, dry run or not.
 
 A command that owns a run directory (`owns_run_dir`: coevo.run, coevo.solve) makes the checks of
 step 3 inside its real run, once it holds run.dir's lock, so they are logged in run.log
-(`coevo.orchestrate.persist.open_run`, the same checks as `run_checks`); its dry run makes them here
+(`coevo.orchestrate.persist.open_run`, through the same `run_checks`); its dry run makes them here
 and writes nothing. Every other command sets up terminal logging and makes them here in both cases.
 """
 from __future__ import annotations
@@ -29,10 +29,9 @@ from coevo.core.config import CoevoConfig
 from coevo.core.console import report_error, setup_logging
 from coevo.core.lifetime import ensure_reaper
 from coevo.orchestrate.stack import format_summary, load_stack_summary
-from coevo.train.memory import MemoryBudgetError, check_run_memory
-from coevo.train.plan import check_gpu_plan
-from coevo.train.preflight import PreflightError, check_devices, check_models
-from evidence.build_index import IndexNotBuilt, check_prebuilt
+from coevo.train.memory import MemoryBudgetError
+from coevo.train.preflight import PreflightError
+from evidence.build_index import IndexNotBuilt
 
 C = TypeVar("C", bound=CoevoConfig)
 
@@ -56,21 +55,6 @@ class Command(Generic[C]):
     roles: Callable[[C], tuple[str, ...]]
     run: Callable[[C, DictConfig], None]
     owns_run_dir: bool = False
-
-
-def run_checks(cfg: CoevoConfig, with_proposer: bool = True) -> None:
-    """The checks a training command (coevo.run; coevo.solve: `with_proposer=False`) makes before Ray or a model.
-
-    The same checks, in the same order, as `coevo.orchestrate.persist.open_run` makes once the run owns
-    run.dir: every model located (`check_models`, the hub asked once at most, with a deadline), the GPU
-    roles planned, `num_gpus > 0` against the visible GPUs, a large corpus's indexes found cached and the
-    memory estimated. Raises PreflightError (PlanError), IndexNotBuilt or MemoryBudgetError.
-    """
-    check_models(cfg, with_proposer)
-    check_gpu_plan(cfg, with_proposer)
-    check_devices(cfg, with_proposer)
-    check_prebuilt(cfg, entities=with_proposer)
-    check_run_memory(cfg, with_proposer=with_proposer)
 
 
 def checked(prog: str, checks: Callable[[C], Any], cfg: C) -> None:

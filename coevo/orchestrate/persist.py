@@ -88,6 +88,21 @@ def resume_point(cfg: CoevoConfig, run_dir: Path, config_yaml: str) -> Optional[
     return ckpt
 
 
+def run_checks(cfg: CoevoConfig, with_proposer: bool = True) -> tuple[Any, Any]:
+    """The checks a training command makes before Ray or any model starts; returns (model sources, memory estimate).
+
+    Every model located (`check_models`, the hub asked once at most, with a deadline), the GPU roles
+    planned, `num_gpus > 0` against the visible GPUs, a large corpus's indexes found cached, the memory
+    estimated. Raises PreflightError (PlanError), IndexNotBuilt or MemoryBudgetError. `open_run` makes
+    them once it owns run.dir; a dry run (coevo/startup.py) makes the same ones without a run dir.
+    """
+    sources = check_models(cfg, with_proposer)
+    check_gpu_plan(cfg, with_proposer)  # arithmetic only: a role too big for its GPU stops before it loads
+    check_devices(cfg, with_proposer)  # num_gpus > 0 without a visible GPU: refused, never run on the CPU
+    check_prebuilt(cfg, entities=with_proposer)  # a large corpus's indexes are built before the run, not in it
+    return sources, check_run_memory(cfg, with_proposer=with_proposer)
+
+
 @contextmanager
 def open_run(prog: str, cfg: CoevoConfig, dcfg: DictConfig, with_proposer: bool = True) -> Iterator[Optional[Path]]:
     """Hold run.dir's lock for the block; yields the checkpoint to resume from (None: a fresh start).
@@ -101,11 +116,7 @@ def open_run(prog: str, cfg: CoevoConfig, dcfg: DictConfig, with_proposer: bool 
     run_dir = Path(cfg.run.dir)
     with claim_run(cfg, run_dir):
         setup_logging(cfg.log.level, run_dir)
-        sources = check_models(cfg, with_proposer)
-        check_gpu_plan(cfg, with_proposer)  # arithmetic only: a role too big for its GPU stops before it loads
-        check_devices(cfg, with_proposer)  # num_gpus > 0 without a visible GPU: refused, never run on the CPU
-        check_prebuilt(cfg, entities=with_proposer)  # a large corpus's indexes are built before the run, not in it
-        say(start_line(prog, cfg, sources, check_run_memory(cfg, with_proposer=with_proposer)))
+        say(start_line(prog, cfg, *run_checks(cfg, with_proposer)))
         config_yaml = OmegaConf.to_yaml(dcfg, resolve=True)
         ckpt = resume_point(cfg, run_dir, config_yaml)
         write_config(run_dir, config_yaml)

@@ -26,6 +26,8 @@ within ACTOR_STOP_S with an error that names the role). The moment is drawn from
 - `save` (a `--save-share` of the kills): 0-50 ms after the bench sees (polling every 5 ms) a
   checkpoint being written (`checkpoints/.tmp-step_<n>-*`) for a step n drawn among those left,
   or for a later step when the poll missed that save.
+An actor kill lands in one of the attempt's steps but its last (`_actor_due`): once the last step has
+begun, a run may rightly finish without an actor it no longer calls, which tests nothing.
 Then `resume=true` until the run completes (an attempt that fails without a kill ends the run).
 The bench follows each attempt by the run's own machine-readable events (`<run dir>/events.jsonl`,
 coevo/core/events.py: `ready`, then one `step` per step whose outputs are written), never by the
@@ -165,17 +167,44 @@ def _saving(run_dir: Path) -> list[int]:
         return []
 
 
-def _due(a: Attempt, plan: KillPlan, steps: int, step_s: float) -> bool:
+def _due(a: Attempt, plan: KillPlan, steps: int, step_s: float, target: str = "driver") -> bool:
     if a.ready is None:
         return False
     left = steps - a.start_step
+    if target == "actor":
+        return _actor_due(a, plan, left, step_s)
     if plan.kind == "time":  # this attempt's own pace once a step ended: runs differ, steps are short
         return time.monotonic() >= a.ready + plan.u * left * (a.seconds_per_step() or step_s)
-    target = a.start_step + int(plan.u * left)
-    if any(n >= target for n in _saving(a.run_dir)):
+    target_step = a.start_step + int(plan.u * left)
+    if any(n >= target_step for n in _saving(a.run_dir)):
         time.sleep(plan.jitter_s)
         return True
     return False
+
+
+def _actor_due(a: Attempt, plan: KillPlan, left: int, step_s: float) -> bool:
+    """An actor kill lands in one of the attempt's steps but its last, chosen by `plan.u`.
+
+    Once the last step has begun a run may rightly finish without a dead actor it no longer calls
+    (retrieval after the solve, any actor during the final save), so that is no test of the driver.
+    `time`: step k = int(u·(left−1)), after the fraction of u·(left−1) beyond k of the latest step's
+    length; `save`: while step k's checkpoint is written (it has a step after it). A kill still
+    pending when the next-to-last step's outputs are written is missed.
+    """
+    span = max(left - 1, 0)
+    if len(a.step_ends) >= max(span, 1):
+        return False
+    k = min(int(plan.u * span), max(span - 1, 0))
+    if plan.kind == "save" and span:
+        if any(n >= a.start_step + k for n in _saving(a.run_dir)):
+            time.sleep(plan.jitter_s)
+            return True
+        return False
+    if len(a.step_ends) < k:
+        return False
+    since = a.step_ends[k - 1] if k else a.ready
+    recent = (a.step_ends[-1] - a.step_ends[-2]) if len(a.step_ends) > 1 else (a.seconds_per_step() or step_s)
+    return time.monotonic() >= since + (plan.u * span - k) * recent
 
 
 def _kill_actor(a: Attempt, plan: KillPlan) -> tuple[Optional[str], Optional[str]]:
@@ -217,7 +246,7 @@ def run_attempt(cmd: list[str], log: Path, run_dir: Path, steps: int, plan: Opti
             if time.monotonic() - a.scanned > 0.5:
                 a.track()
             a.read_events()
-            if plan and not rec["killed"] and _due(a, plan, steps, step_s):
+            if plan and not rec["killed"] and _due(a, plan, steps, step_s, target):
                 struck = _strike(a, plan, target, rec)
                 if target == "driver":
                     break

@@ -134,6 +134,27 @@ def test_kill_plans_follow_the_seed_and_the_save_share() -> None:
     assert {k.kind for p in faults.draw_plans(1, 10, 1, 1.0) for k in p} == {"save"}
 
 
+def _attempt_at(tmp_path: Path, ready: float, step_ends: list[float]) -> faults.Attempt:
+    a = faults.Attempt(proc=None, run_dir=tmp_path, log=tmp_path / "log", started=ready)  # type: ignore[arg-type]
+    a.ready, a.step_ends = ready, step_ends
+    return a
+
+
+def test_actor_kills_land_before_the_last_step_or_are_missed(tmp_path) -> None:
+    now = time.monotonic()
+    # 4 steps: u = 0.5 -> step k = int(1.5) = 1, half the latest step's length after step 0's end
+    plan = faults.KillPlan("time", 0.5, 0.0)
+    assert not faults._due(_attempt_at(tmp_path, now - 3.0, []), plan, 4, 2.0, "actor")  # step 0 still running
+    assert not faults._due(_attempt_at(tmp_path, now - 3.0, [now - 0.1]), plan, 4, 2.0, "actor")
+    assert faults._due(_attempt_at(tmp_path, now - 3.0, [now - 2.0]), plan, 4, 2.0, "actor")
+    # once the next-to-last step's outputs are written (3 of 4), an actor kill is too late: missed
+    late = faults.KillPlan("time", 0.99, 0.0)
+    assert not faults._due(_attempt_at(tmp_path, now - 9.0, [now - 8, now - 7, now - 6]), late, 4, 2.0, "actor")
+    assert faults._due(_attempt_at(tmp_path, now - 9.0, [now - 8, now - 7]), late, 4, 2.0, "actor")
+    # one step left: the kill lands at ready, before that step calls its actors
+    assert faults._due(_attempt_at(tmp_path, now, []), late, 1, 2.0, "actor")
+
+
 def test_names_run_dir_matches_the_dir_and_paths_under_it_only() -> None:
     run = Path("/w/run_1")
     assert procs.names_run_dir(b"python\0-m\0coevo.run\0run.dir=/w/run_1\0seed=1\0", run)

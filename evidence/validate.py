@@ -129,16 +129,6 @@ def support_verdict(target: Any, hits: list[Any], index: EntityIndex, label: str
     return Verdict(True, "ok", tuple(support), label)
 
 
-def validate_target(target: Any, retriever: Any, index: EntityIndex, reference_question: Any = None,
-                    max_chars: int = 80, k: int = 5, try_head: bool = False) -> Verdict:
-    """SPEC §3.2: parse/length/copy checks, entity-like span, then answer-side retrieval support."""
-    rejection, label = check_target_form(target, index, reference_question, max_chars)
-    if rejection is not None:
-        return rejection
-    hits = retriever.search([_clean(target)], k)[0] if k > 0 else []
-    return support_verdict(target, hits, index, label, try_head)
-
-
 def _hops(path: Any) -> list[Any]:
     if isinstance(path, dict):
         try:

@@ -3,9 +3,10 @@
 Everything here crosses a package or process boundary (Ray pickles these dataclasses), so
 every layer above `coevo.core` speaks the same vocabulary.
 
-Engine interface, shared by the `hf` and `vllm` engines.
+`GenerationEngine` is the interface the `hf` and `vllm` engines share (their names, the config
+values, are the `coevo.core.choices.Engine` enum).
 
-Callers (solver episodes, ranker calls, proposer calls) only see `Engine.generate`: token-id
+Callers (solver episodes, ranker calls, proposer calls) only see `GenerationEngine.generate`: token-id
 prompts in, token-id completions out. Engines never re-tokenize decoded text.
 """
 from __future__ import annotations
@@ -37,7 +38,7 @@ class Completion:
     finish_reason: str = "length"  # stop | eos | length
 
 
-class Engine(Protocol):
+class GenerationEngine(Protocol):
     """Anything that turns token-id prompts into completions."""
 
     def generate(self, prompts: list[list[int]], sampling: SamplingParams) -> list[list[Completion]]:

@@ -111,15 +111,6 @@ def select_questions(questions: Sequence[LabelledQuestion], limit: Optional[int]
     return out
 
 
-def load_questions(path: str | Path, limit: Optional[int] = None) -> list[EvalQuestion]:
-    """Questions from JSONL (`question`, `answers`, optional `id`, `dataset`, `gold_ids`).
-
-    Read and validated by `coevo.core.inputs.load_labelled_questions` (the loader `coevo.solve`
-    uses too); `limit` as in `select_questions`.
-    """
-    return select_questions(load_labelled_questions(path)[0], limit)
-
-
 # ---- the stack and the three modes ----------------------------------------------------------
 
 @dataclass

@@ -47,7 +47,7 @@ from coevo.core.config import PolicyConfig
 from coevo.core.grpo import clipped_surrogate_loss, k3_kl, masked_mean, sequence_token_logprobs
 from coevo.core.io import atomic_dir
 from coevo.core.stages import stage
-from coevo.core.types import Completion, Engine, SamplingParams, TrainSequence
+from coevo.core.types import Completion, GenerationEngine, SamplingParams, TrainSequence
 from coevo.train import batching
 from coevo.train.allocator import pin_mmap_threshold
 from coevo.train.batching import FixedLogprobs, MicroBatch, PreparedBatch, loss_token_counts
@@ -73,7 +73,7 @@ class Policy:
     """
 
     def __init__(self, cfg: PolicyConfig, model, tokenizer, role: str = "policy",  # noqa: ANN001
-                 engine: Optional[Engine] = None, optimizer_now: bool = True) -> None:
+                 engine: Optional[GenerationEngine] = None, optimizer_now: bool = True) -> None:
         """`optimizer_now=False`: the caller builds the optimizer later (sharded.py, over sharded parameters)."""
         self.cfg = cfg
         self.role = role

@@ -7,12 +7,14 @@ import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
+from coevo.core.config import EvidenceConfig
 from coevo.core.types import EvidencePath, Verdict
 from evidence.entities import build_entity_index
 from evidence.graph import CUE_RANK, build_graph, lexical_cue, resolve_node
 from evidence.mentions import Mention, normalize_entity, title_key
 from evidence.paths import build_evidence_paths, certify_path
-from evidence.validate import validate_question, validate_target
+from evidence.pipeline import EvidencePipeline
+from evidence.validate import validate_question
 
 PUNCT = string.punctuation + "“”‘’–—…¿¡«»·•"
 garbled = st.one_of(
@@ -71,7 +73,8 @@ def test_validate_question_total(question, target, path):
 @FAST
 @given(garbled, st.one_of(garbled, st.none()))
 def test_validate_target_total(toy_retriever, toy_index, target, reference):
-    assert _is_verdict(validate_target(target, toy_retriever, toy_index, reference_question=reference))
+    pipe = EvidencePipeline(None, toy_retriever, toy_index, EvidenceConfig())  # type: ignore[arg-type]
+    assert _is_verdict(pipe.validate_targets([target], [reference])[0])
 
 
 @pytest.mark.slow

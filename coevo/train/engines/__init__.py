@@ -1,7 +1,7 @@
-"""Generation engines behind one contract (`coevo.core.types.Engine`), chosen by name.
+"""Generation engines behind one contract (`coevo.core.types.GenerationEngine`), chosen by name.
 
 `ENGINES` is the one place a new engine kind plugs in: map its config name (`<role>.engine`)
-to a factory `(model, tokenizer, policy_cfg) -> Engine`. `hf` generates with the training
+to a factory `(model, tokenizer, policy_cfg) -> GenerationEngine`. `hf` generates with the training
 model itself; `vllm` serves a copy of its weights and is re-synced after every update.
 vLLM is imported only when a `vllm` engine is built (CPU-only machines may lack it).
 """
@@ -10,11 +10,11 @@ from __future__ import annotations
 from typing import Any, Callable
 
 from coevo.core.config import PolicyConfig
-from coevo.core.types import Engine
+from coevo.core.types import GenerationEngine
 from coevo.train.engines.hf import HFEngine
 from coevo.train.engines.vllm import VLLMEngine
 
-EngineFactory = Callable[[Any, Any, PolicyConfig], Engine]
+EngineFactory = Callable[[Any, Any, PolicyConfig], GenerationEngine]
 
 ENGINES: dict[str, EngineFactory] = {
     "hf": lambda model, tokenizer, cfg: HFEngine(model, tokenizer, cfg.generation_rows or None),
@@ -25,7 +25,7 @@ ENGINES: dict[str, EngineFactory] = {
 }
 
 
-def build_engine(cfg: PolicyConfig, model: Any, tokenizer: Any) -> Engine:
+def build_engine(cfg: PolicyConfig, model: Any, tokenizer: Any) -> GenerationEngine:
     """Generation engine named by `cfg.engine`."""
     name = str(getattr(cfg.engine, "value", cfg.engine))
     factory = ENGINES.get(name)

@@ -114,7 +114,7 @@ def common_prefix_len(rows: list[list[int]]) -> int:
 
 
 class HFEngine:
-    """Engine backed by `model.generate`; shares the training model, so weight sync is free."""
+    """A `GenerationEngine` backed by `model.generate`; shares the training model, so weight sync is free."""
 
     def __init__(self, model, tokenizer, max_batch_rows: Optional[int] = None) -> None:  # noqa: ANN001
         self.model = model

@@ -1,4 +1,4 @@
-"""`vllm` generation engine: vLLM behind the `Engine` interface, weights synced in place (SPEC §5.2, §7).
+"""`vllm` generation engine: vLLM behind the `GenerationEngine` interface, weights synced in place (SPEC §5.2, §7).
 
 Same semantics as `coevo.train.engines.hf.HFEngine` (docs/vllm.md has the table):
 - token-id prompts (`TokensPrompt`); `temperature == 0` is greedy, else temperature + top-p over the
@@ -141,7 +141,7 @@ def _shutdown(llm, sync_dir: str) -> None:  # noqa: ANN001
 
 
 class VLLMEngine:
-    """Engine backed by a vLLM `LLM`; serves a copy of the training weights, refreshed by `sync_weights`."""
+    """A `GenerationEngine` on a vLLM `LLM`: serves a copy of the training weights, refreshed by `sync_weights`."""
 
     def __init__(self, model_or_path, tokenizer, cfg, *, enforce_eager: Optional[bool] = None,  # noqa: ANN001
                  kv_cache_memory_bytes: Optional[int] = None, max_model_len: Optional[int] = None,

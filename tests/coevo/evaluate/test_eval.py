@@ -14,9 +14,10 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
+from coevo.core.inputs import load_labelled_questions
 from coevo.core.types import Completion
 from coevo.eval import main
-from coevo.evaluate.harness import EvalStack, _observed, compose_eval, load_questions, run_eval, single_turn_messages
+from coevo.evaluate.harness import EvalStack, _observed, compose_eval, run_eval, select_questions, single_turn_messages
 from coevo.evaluate.metrics import (
     aggregate,
     extract_answer,
@@ -126,6 +127,11 @@ def test_prompts_ask_for_the_answer_tag():
 
 
 # ---- questions and config ---------------------------------------------------------------------
+
+def load_questions(path, limit=None):
+    """What `run_eval` reads: the shared loader, then the first `limit` of each dataset."""
+    return select_questions(load_labelled_questions(path)[0], limit)
+
 
 def test_load_questions_limit_per_dataset_and_errors(tmp_path):
     path = tmp_path / "qs.jsonl"

@@ -50,7 +50,7 @@ class FakeEvidence:
 
 
 class ScriptedEngine:
-    """An `Engine` whose output is `reply(prompt text, occurrence)`; records what it was asked.
+    """A `GenerationEngine` whose output is `reply(prompt text, occurrence)`; records what it was asked.
 
     The n samples of one prompt are its occurrences 0..n-1, as are identical prompts in one
     batch. Completions carry no log-probs, so `Policy.update` computes the old ones itself.

@@ -29,7 +29,7 @@ from coevo.core.config import compose
 from coevo.core.types import SamplingParams
 from coevo.orchestrate.actors import create_local_actors
 from coevo.orchestrate.loop import role_batches, solve_tasks
-from coevo.orchestrate.solve import (
+from coevo.orchestrate.solve_loop import (
     SolveRootConfig,
     load_tasks,
     rollout_metrics,

@@ -15,7 +15,7 @@ a bf16 base. Prints ONE JSON line:
      "trained_params", "update_s", "tokens_per_s", "peak_mem_gb", "planner_gb", "planner_terms_gb"}
 peak_mem_gb: torch's peak allocated CUDA memory during the update (weights and optimizer state
 included; the CUDA context is not), or on the CPU the process's peak RSS. planner_gb: the
-planner's (coevo/train/plan.py) weights + reference + grads + optimizer + update peak for the
+planner's (coevo/train/gpu_plan.py) weights + reference + grads + optimizer + update peak for the
 same shape and settings, the number to compare with peak_mem_gb (its engine share and CUDA
 context are left out: neither is in torch's count).
 """
@@ -34,7 +34,7 @@ from transformers import AutoConfig, AutoModelForCausalLM
 from coevo.core.config import compose, to_object
 from coevo.core.types import TrainSequence
 from coevo.train.models import _build_tiny_tokenizer, resolve_model_path
-from coevo.train.plan import GB, role_plan
+from coevo.train.gpu_plan import GB, role_plan
 from coevo.train.policy import Policy
 from coevo.train.shapes import adapter_parameters, public_config, shape_of
 

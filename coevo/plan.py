@@ -3,7 +3,7 @@
     python -m coevo.plan proposer=qwen3-4b solver=qwen2.5-7b ranker=qwen2.5-3b
     python -m coevo.plan experiment=paper_cosearch cluster.gpu_memory_gb=141 solver.lora.rank=64
 
-Prints one JSON line per role with `num_gpus > 0` (coevo/train/plan.py: weights, grads,
+Prints one JSON line per role with `num_gpus > 0` (coevo/train/gpu_plan.py: weights, grads,
 optimizer, reference, engine, cuda_context, the update's or generation's transient peak,
 total_per_gpu_gb, gpu_budget_gb, fits, would_fit, notes), from the models' configs alone:
 nothing is loaded or downloaded (the shipped hub presets' public config values are built in).
@@ -21,7 +21,7 @@ from hydra.errors import HydraException
 from omegaconf.errors import OmegaConfBaseException
 
 from coevo.core.config import compose, to_object
-from coevo.train.plan import PlanError, plan_message, plan_roles
+from coevo.train.gpu_plan import PlanError, plan_message, plan_roles
 
 
 def main(argv: Optional[Sequence[str]] = None) -> int:

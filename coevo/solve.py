@@ -1,6 +1,6 @@
 """`python -m coevo.solve`: CoSearch training of solver + ranker on labelled questions (SPEC §4).
 
-The body is `coevo.orchestrate.solve`; config `configs/solve.yaml`. The run directory, its
+The body is `coevo.orchestrate.solve_loop`; config `configs/solve.yaml`. The run directory, its
 checkpoints and `resume=true` follow `coevo.run`'s rules; it ends with `done: <run dir>` and
 what the directory holds. Start-up (checks first, then `dry_run=true`'s plan or the run) is
 coevo/startup.py's, shared with coevo.run and coevo.eval.
@@ -20,7 +20,7 @@ from omegaconf import DictConfig
 from coevo.core.cli import hydra_entry
 from coevo.core.config import SolveRootConfig, register_schema
 from coevo.orchestrate.persist import run_and_report, run_checks
-from coevo.orchestrate.solve import run_solve, to_solve_object
+from coevo.orchestrate.solve_loop import run_solve, to_solve_object
 from coevo.orchestrate.stack import model_roles
 from coevo.startup import Command, start
 

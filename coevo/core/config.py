@@ -68,7 +68,7 @@ class RunConfig:
     reference_questions: Optional[str] = key(None, "file of reference questions (default: bundled)")
     memory_check: bool = key(True, "refuse to start when the peak RAM estimate exceeds MemAvailable (train/memory.py)")
     plan_check: bool = key(
-        True, "with GPU roles: refuse to start when coevo.plan says a role does not fit (train/plan.py)")
+        True, "with GPU roles: refuse to start when coevo.plan says a role does not fit (train/gpu_plan.py)")
     overwrite: bool = key(
         False, "delete what a non-empty run.dir holds and start over (without it: refused unless resume)")
     logger: Logger = key(Logger.tensorboard, "metrics also go to: tensorboard | wandb | none")

@@ -45,7 +45,7 @@ from coevo.train.checkpoint import (
     save_checkpoint,
 )
 from coevo.train.memory import MemoryBudgetError, check_run_memory
-from coevo.train.plan import check_gpu_plan
+from coevo.train.gpu_plan import check_gpu_plan
 from coevo.train.preflight import PreflightError, check_devices, check_models
 from evidence.build_index import IndexNotBuilt, check_prebuilt
 

@@ -73,7 +73,7 @@ def activation_bytes(shape: ModelShape, tokens: int, compute_bytes: int, checkpo
     Every layer's activations (18 hidden + 3 intermediate elements per token, `compute_bytes`
     each), or with `checkpointing` each layer's input (`input_bytes`, default `compute_bytes`)
     plus one layer's recomputed activations; logits (vocab x 4 B) at `logit_tokens` positions,
-    default every token. The CPU estimate and the GPU planner (coevo/train/plan.py) both use it.
+    default every token. The CPU estimate and the GPU planner (coevo/train/gpu_plan.py) both use it.
     """
     layer = (ACT_PER_HIDDEN * shape.hidden + ACT_PER_INTERMEDIATE * shape.intermediate) * compute_bytes
     inputs = shape.layers * shape.hidden * (compute_bytes if input_bytes is None else input_bytes)

@@ -157,7 +157,7 @@ def test_load_questions_limit_per_dataset_and_errors(tmp_path):
     ({"question": ["q"], "answers": ["a"]}, r"'question' must be a non-empty string"),
 ])
 def test_solve_and_eval_read_questions_with_one_loader(tmp_path, bad, message):
-    from coevo.orchestrate.solve import load_tasks
+    from coevo.orchestrate.solve_loop import load_tasks
 
     path = tmp_path / "qs.jsonl"
     good = [{"id": "x0", "question": "q0?", "answers": ["a"], "gold_ids": ["p1", 2]},

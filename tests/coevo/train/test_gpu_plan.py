@@ -1,4 +1,4 @@
-"""The GPU memory planner (coevo/train/plan.py, `python -m coevo.plan`) on hand-computed numbers."""
+"""The GPU memory planner (coevo/train/gpu_plan.py, `python -m coevo.plan`) on hand-computed numbers."""
 import json
 import os
 import subprocess
@@ -13,7 +13,7 @@ from coevo.core.config import compose, to_object
 from coevo.core.role_config import LoraConfig
 from coevo.plan import main as plan_main
 from coevo.train.memory import activation_bytes
-from coevo.train.plan import (
+from coevo.train.gpu_plan import (
     CUDA_CONTEXT,
     GB,
     PlanError,

@@ -8,7 +8,7 @@ import pytest
 from coevo.core.config import RankerConfig, SolverConfig, register_schema
 from coevo.core.stages import STAGE_FILE_ENV
 from coevo.orchestrate.loop import solve_tasks
-from coevo.orchestrate.solve import (
+from coevo.orchestrate.solve_loop import (
     SolveRootConfig,
     load_tasks,
     question_batches,

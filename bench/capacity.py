@@ -140,7 +140,8 @@ def failures(cells: Sequence[dict[str, Any]]) -> list[str]:
 def parse_args(argv: Sequence[str]) -> argparse.Namespace:
     argv = list(argv)
     cut = argv.index("--") if "--" in argv else len(argv)
-    p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    p = argparse.ArgumentParser(prog="python -m bench.capacity", description=__doc__,
+                                formatter_class=argparse.RawDescriptionHelpFormatter)
     p.add_argument("--limit", type=int, default=70, help="questions per dataset")
     p.add_argument("--data", type=Path, default=Path(os.environ.get("COEVO_SHARED_DATA", "../shared/data"))
                    / "wiki_mini" / "questions_dev.jsonl")

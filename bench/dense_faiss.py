@@ -30,7 +30,7 @@ def recall_at_10(rows: list[list[str]], gold: list[list[str]]) -> float:
 
 
 def main() -> None:
-    ap = argparse.ArgumentParser()
+    ap = argparse.ArgumentParser(prog="python -m bench.dense_faiss")
     ap.add_argument("--cache", default=None, help="index cache dir (default: $COEVO_CACHE/indexes)")
     ap.add_argument("--limit", type=int, default=None, help="use only the first N dev questions")
     args = ap.parse_args()

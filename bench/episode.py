@@ -72,7 +72,7 @@ def timed_update(policy: Any, batch: list) -> float | None:
 
 
 def main() -> None:
-    parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    parser = argparse.ArgumentParser(prog="python -m bench.episode", description=__doc__.split("\n")[0])
     parser.add_argument("--questions", type=int, default=32)
     parser.add_argument("--max-new-tokens", type=int, default=128)
     parser.add_argument("--seed", type=int, default=0)

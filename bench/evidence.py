@@ -117,7 +117,7 @@ def show(examples: list[tuple[str, EvidencePath]], n: int) -> None:
 
 
 def main() -> None:
-    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap = argparse.ArgumentParser(prog="python -m bench.evidence", description=__doc__.splitlines()[0])
     ap.add_argument("--targets", type=int, default=500)
     ap.add_argument("--rebuild", action="store_true", help="build the entity indexes into a fresh temp cache")
     ap.add_argument("--examples", type=int, default=5, help="example paths printed to stderr per corpus")

@@ -373,7 +373,7 @@ def parse_args(argv: Sequence[str]) -> argparse.Namespace:
     argv = list(argv)
     overrides = argv[argv.index("--") + 1:] if "--" in argv else []
     argv = argv[:argv.index("--")] if "--" in argv else argv
-    p = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    p = argparse.ArgumentParser(prog="python -m bench.faults", description=__doc__.split("\n")[0])
     p.add_argument("--mode", choices=MODES, default="local", help="which runs (module docstring)")
     p.add_argument("--target", choices=TARGETS, default="driver", help="what to SIGKILL: the driver or one actor")
     p.add_argument("--runs", type=int, default=20, help="runs, one after the other")

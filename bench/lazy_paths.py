@@ -22,7 +22,7 @@ ROOT = Path(__file__).resolve().parent.parent
 
 
 def main(argv: list[str] | None = None) -> None:
-    ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    ap = argparse.ArgumentParser(prog="python -m bench.lazy_paths", description=__doc__.split("\n")[0])
     ap.add_argument("--targets", type=int, default=200, help="dev answers used as path targets")
     ap.add_argument("--work", type=Path, default=ROOT / "runs" / "lazy-paths", help="caches (reused)")
     args = ap.parse_args(argv)

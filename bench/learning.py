@@ -268,7 +268,8 @@ def parse_args(argv: Sequence[str]) -> argparse.Namespace:
     """Options before `--`; everything after it is Hydra overrides for both arms (and their eval)."""
     argv = list(argv)
     cut = argv.index("--") if "--" in argv else len(argv)
-    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser = argparse.ArgumentParser(prog="python -m bench.learning", description=__doc__,
+                                     formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--steps", type=int, default=4, help="co-evolution steps per arm")
     parser.add_argument("--eval-limit", type=int, default=70,
                         help="questions per dataset in the eval (0: no eval; 70 on wiki_mini dev: 212 questions)")

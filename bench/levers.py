@@ -175,7 +175,7 @@ def solver_arm(actors: Any, cfg: Any, rows: list[dict], seed: int) -> dict[str, 
 
 
 def main() -> None:
-    ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    ap = argparse.ArgumentParser(prog="python -m bench.levers", description=__doc__.split("\n")[0])
     ap.add_argument("--questions", type=int, default=12)
     ap.add_argument("--ranker-questions", type=int, default=16)
     ap.add_argument("--seed", type=int, default=0)

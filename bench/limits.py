@@ -68,7 +68,7 @@ PEAK_KEYS = {"float32": "fp32", "bfloat16": "bf16"}
 
 def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     cuda = torch.cuda.is_available()
-    parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    parser = argparse.ArgumentParser(prog="python -m bench.limits", description=__doc__.split("\n")[0])
     parser.add_argument("overrides", nargs="*", help="config overrides for the default --batch (after "
                         "experiment=small_learning)")
     parser.add_argument("--tiny", action="store_true", help="smoke sizes: 256^3 GEMMs, 1 repeat, tiny-random, "

@@ -297,7 +297,7 @@ def load_parts(paths: Sequence[Path]) -> tuple[dict[str, dict], dict[str, dict],
 # ---- command line ----------------------------------------------------------------------------
 
 def parse_args(argv: Sequence[str]) -> argparse.Namespace:
-    p = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    p = argparse.ArgumentParser(prog="python -m bench.memory", description=__doc__.split("\n")[0])
     p.add_argument("--engines", nargs="+", default=["hf", "vllm"], choices=("hf", "vllm"))
     p.add_argument("--sizes", nargs="+", type=int, default=[8, 16, 32], help="sequences per solver update")
     p.add_argument("--steps", type=int, default=20, help="steps of the --long-size run (rss_after_step_mb)")

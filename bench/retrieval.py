@@ -51,7 +51,7 @@ def timed_search(retriever: Retriever, queries: list[str], k: int) -> tuple[list
 
 
 def main() -> None:
-    ap = argparse.ArgumentParser()
+    ap = argparse.ArgumentParser(prog="python -m bench.retrieval")
     ap.add_argument("--limit", type=int, default=None, help="use only the first N dev questions")
     ap.add_argument("--cache", default=None, help="index cache dir (default: $COEVO_CACHE/indexes)")
     ap.add_argument("--fresh", action="store_true", help="build every index from scratch in a temp dir")

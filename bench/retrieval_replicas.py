@@ -66,7 +66,7 @@ def measure(replicas: int, cfg: Any, batches: list[list[str]], k: int, rounds: i
 
 
 def main() -> None:
-    ap = argparse.ArgumentParser()
+    ap = argparse.ArgumentParser(prog="python -m bench.retrieval_replicas")
     ap.add_argument("--replicas", type=int, nargs="+", default=[1, 2])
     ap.add_argument("--batch", type=int, default=64, help="queries per search call (one solver turn)")
     ap.add_argument("--k", type=int, default=50, help="hits per query (the ranker's candidates)")

@@ -42,7 +42,7 @@ DEFAULT_QUESTIONS = Path(os.environ.get("COEVO_SHARED_DATA", "../shared/data")) 
 
 def parse_args() -> argparse.Namespace:
     cuda = torch.cuda.is_available()
-    parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    parser = argparse.ArgumentParser(prog="python -m bench.rollout", description=__doc__.split("\n")[0])
     parser.add_argument("--model", default="smollm2-135m", help="preset, local HF dir or hub id")
     parser.add_argument("--prompts", type=int, default=64)
     parser.add_argument("--max-new-tokens", type=int, default=128)

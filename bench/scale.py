@@ -338,7 +338,7 @@ def measure(n: int, args: argparse.Namespace) -> dict[str, Any]:
 
 
 def main(argv: Optional[list[str]] = None) -> None:
-    ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    ap = argparse.ArgumentParser(prog="python -m bench.scale", description=__doc__.split("\n")[0])
     ap.add_argument("--sizes", default="100000,1000000,3000000", help="passages per synthetic corpus, comma-separated")
     ap.add_argument("--kinds", default=",".join(KINDS), help=f"index kinds of {KINDS}, comma-separated")
     ap.add_argument("--work", type=Path, default=ROOT / "runs" / "scale", help="corpora and caches (reused)")

@@ -33,8 +33,8 @@ from transformers import AutoConfig, AutoModelForCausalLM
 
 from coevo.core.config import compose, to_object
 from coevo.core.types import TrainSequence
-from coevo.train.models import _build_tiny_tokenizer, resolve_model_path
 from coevo.train.gpu_plan import GB, role_plan
+from coevo.train.models import _build_tiny_tokenizer, resolve_model_path
 from coevo.train.policy import Policy
 from coevo.train.shapes import adapter_parameters, public_config, shape_of
 
@@ -42,7 +42,7 @@ _ROOT = Path(__file__).resolve().parents[1]
 
 
 def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
-    parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    parser = argparse.ArgumentParser(prog="python -m bench.update", description=__doc__.split("\n")[0])
     parser.add_argument("--model", default="tiny-random", help="model preset (configs/model), hub id or local dir")
     parser.add_argument("--mode", choices=["full", "lora"], default="full")
     parser.add_argument("--rank", type=int, default=64, help="LoRA rank with --mode lora")

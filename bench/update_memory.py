@@ -37,7 +37,7 @@ ROOT = Path(__file__).resolve().parent.parent
 
 
 def parse_args() -> argparse.Namespace:
-    parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    parser = argparse.ArgumentParser(prog="python -m bench.update_memory", description=__doc__.split("\n")[0])
     parser.add_argument("--model", default="smollm2-135m", choices=("smollm2-135m", "tiny-random"),
                         help="solver preset (configs/solver/<model>.yaml)")
     parser.add_argument("--seq-len", type=int, default=1024)

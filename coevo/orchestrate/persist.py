@@ -44,8 +44,8 @@ from coevo.train.checkpoint import (
     resumable_checkpoint,
     save_checkpoint,
 )
-from coevo.train.memory import MemoryBudgetError, check_run_memory
 from coevo.train.gpu_plan import check_gpu_plan
+from coevo.train.memory import MemoryBudgetError, check_run_memory
 from coevo.train.preflight import PreflightError, check_devices, check_models
 from evidence.build_index import IndexNotBuilt, check_prebuilt
 

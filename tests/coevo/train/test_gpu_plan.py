@@ -12,7 +12,6 @@ from transformers import LlamaConfig, LlamaForCausalLM
 from coevo.core.config import compose, to_object
 from coevo.core.role_config import LoraConfig
 from coevo.plan import main as plan_main
-from coevo.train.memory import activation_bytes
 from coevo.train.gpu_plan import (
     CUDA_CONTEXT,
     GB,
@@ -22,6 +21,7 @@ from coevo.train.gpu_plan import (
     plan_message,
     plan_roles,
 )
+from coevo.train.memory import activation_bytes
 from coevo.train.shapes import ModelShape, adapter_parameters, meta_model, shape_of
 
 ROOT = Path(__file__).resolve().parents[3]

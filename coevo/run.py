@@ -37,11 +37,11 @@ from coevo.orchestrate.loop import coevolution_step, step_seed
 from coevo.orchestrate.outputs import MetricsLog, step_headline, write_task_dump
 from coevo.orchestrate.persist import (
     checkpoint_due,
+    dry_run_checks,
     open_metrics,
     open_run,
     restore,
     run_and_report,
-    run_checks,
     save_step,
 )
 from coevo.orchestrate.stack import model_roles
@@ -115,7 +115,7 @@ def _real_run(cfg: CoevoConfig, dcfg: DictConfig) -> None:
 
 
 COMMAND: Command[CoevoConfig] = Command(
-    prog="coevo.run", validate=to_object, checks=run_checks, roles=model_roles, run=_real_run, owns_run_dir=True)
+    prog="coevo.run", validate=to_object, checks=dry_run_checks, roles=model_roles, run=_real_run, owns_run_dir=True)
 
 
 @hydra.main(config_path="../configs", config_name="coevo", version_base="1.3")

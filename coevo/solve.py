@@ -19,7 +19,7 @@ from omegaconf import DictConfig
 
 from coevo.core.cli import hydra_entry
 from coevo.core.config import SolveRootConfig, register_schema
-from coevo.orchestrate.persist import run_and_report, run_checks
+from coevo.orchestrate.persist import dry_run_checks, run_and_report
 from coevo.orchestrate.solve_loop import run_solve, to_solve_object
 from coevo.orchestrate.stack import model_roles
 from coevo.startup import Command, start
@@ -28,8 +28,8 @@ register_schema()
 
 
 def _checks(cfg: SolveRootConfig) -> None:
-    """coevo.run's checks without the proposer (and its evidence stage)."""
-    run_checks(cfg, with_proposer=False)
+    """coevo.run's dry-run checks without the proposer (and its evidence stage)."""
+    dry_run_checks(cfg, with_proposer=False)
 
 
 def _roles(cfg: SolveRootConfig) -> tuple[str, ...]:

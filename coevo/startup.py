@@ -5,11 +5,11 @@ In this order, for every command:
 2. the config validated (`command.validate`): an invalid one is `<prog>: error: ...`, exit 2;
 3. the checks a real run makes before it would start a model (`command.checks`; `persist.run_checks` for
    the training commands: every model located, the GPU plan, visible GPUs, a large corpus's indexes,
-   the memory estimate), then
+   the memory estimate; their dry runs first ask whether run.dir could be claimed, `persist.dry_run_checks`), then
 4. `dry_run=true`: the plan, i.e. the loaded stack (`format_summary`), printed; exit 0.
    Otherwise: the real run, `command.run(cfg, dcfg)`.
 A failed check ends the command as the real run ends on it: one line `<prog>: error: ...`, exit 2
-(the model preflight, GPUs, a missing index), or the memory budget's message, exit 1. No model,
+(run.dir, the model preflight, GPUs, a missing index), or the memory budget's message, exit 1. No model,
 tokenizer or hub download starts before the checks pass, dry run or not.
 
 A command that owns a run directory (`owns_run_dir`: coevo.run, coevo.solve) makes the checks of
@@ -28,6 +28,7 @@ from omegaconf import DictConfig
 from coevo.core.config import CoevoConfig
 from coevo.core.console import report_error, setup_logging
 from coevo.core.lifetime import ensure_reaper
+from coevo.core.rundir import RunDirError
 from coevo.orchestrate.stack import format_summary, load_stack_summary
 from coevo.train.memory import MemoryBudgetError
 from coevo.train.preflight import PreflightError
@@ -61,7 +62,7 @@ def checked(prog: str, checks: Callable[[C], Any], cfg: C) -> None:
     """`checks(cfg)`; on a failed check, end the process as the real run does (see the module doc)."""
     try:
         checks(cfg)
-    except (PreflightError, IndexNotBuilt) as e:
+    except (RunDirError, PreflightError, IndexNotBuilt) as e:
         report_error(prog, e)
         sys.exit(2)
     except MemoryBudgetError as e:

@@ -121,29 +121,58 @@ def claim_run_dir(run_dir: str | os.PathLike, *, resume: bool, overwrite: bool, 
 
     keep: names in `run_dir` that belong to this invocation (`hydra_entries`): never counted, never
     deleted. resumable: whether the directory holds a checkpoint (only the advice given changes).
+    The verdict is `run_dir_verdict`'s: once before anything is created, again under the lock.
+    """
+    run_dir = Path(run_dir)
+    run_dir_verdict(run_dir, resume=resume, overwrite=overwrite, keep=keep, resumable=resumable)
+    lock = lock_run_dir(run_dir)
+    try:
+        doomed = run_dir_verdict(run_dir, resume=resume, overwrite=overwrite, keep=keep, resumable=resumable)
+        for name in doomed:
+            _remove(run_dir / name)
+        if doomed:
+            print(f"run.overwrite=true: deleted {_listing(doomed)} from {run_dir}", flush=True)
+    except BaseException:
+        lock.release()
+        raise
+    return lock
+
+
+def run_dir_verdict(run_dir: str | os.PathLike, *, resume: bool, overwrite: bool, keep: Iterable[str] = (),
+                    resumable: bool = False) -> list[str]:
+    """What a run with these settings would delete from `run_dir` (`run.overwrite`), reading only.
+
+    Raises RunDirError when the run may not write there: resume and overwrite together, a path that
+    is not a directory or cannot be created, a directory holding a run without resume or overwrite,
+    or anything no run writes under overwrite. A dry run calls it as is; `claim_run_dir` under the lock.
     """
     if resume and overwrite:
         raise RunDirError("resume=true and run.overwrite=true contradict each other: resume continues run.dir, "
                           "overwrite deletes what it holds")
     run_dir = Path(run_dir)
-    lock = lock_run_dir(run_dir)
-    try:
-        keep = {LOCK_NAME, LOG_NAME, VLLM_LOGGING_NAME, *keep}
-        held = sorted(p.name for p in run_dir.iterdir() if p.name not in keep)
-        if held and not resume:
-            if not overwrite:
-                raise RunDirError(_refusal(run_dir, held, resumable))
-            foreign = [name for name in held if not _matches(name, RUN_OUTPUTS)]
-            if foreign:
-                raise RunDirError(f"run.overwrite=true refused: run.dir {run_dir} holds {_listing(foreign)}, which no "
-                                  "run writes; move them away or choose another run.dir")
-            for name in held:
-                _remove(run_dir / name)
-            print(f"run.overwrite=true: deleted {_listing(held)} from {run_dir}", flush=True)
-    except BaseException:
-        lock.release()
-        raise
-    return lock
+    if not run_dir.is_dir():
+        _check_creatable(run_dir)
+        return []
+    keep = {LOCK_NAME, LOG_NAME, VLLM_LOGGING_NAME, *keep}
+    held = sorted(p.name for p in run_dir.iterdir() if p.name not in keep)
+    if not held or resume:
+        return []
+    if not overwrite:
+        raise RunDirError(_refusal(run_dir, held, resumable))
+    foreign = [name for name in held if not _matches(name, RUN_OUTPUTS)]
+    if foreign:
+        raise RunDirError(f"run.overwrite=true refused: run.dir {run_dir} holds {_listing(foreign)}, which no "
+                          "run writes; move them away or choose another run.dir")
+    return held
+
+
+def _check_creatable(run_dir: Path) -> None:
+    """A missing run.dir must be creatable: its nearest existing ancestor a writable directory."""
+    if run_dir.exists():
+        raise RunDirError(f"run.dir {run_dir} exists and is not a directory")
+    ancestor = next(p for p in run_dir.absolute().parents if p.exists())
+    if not ancestor.is_dir() or not os.access(ancestor, os.W_OK | os.X_OK):
+        raise RunDirError(f"run.dir {run_dir} cannot be created: {ancestor} is not a writable directory")
 
 
 def _listing(names: list[str], shown: int = 6) -> str:

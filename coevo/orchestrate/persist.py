@@ -29,6 +29,7 @@ from coevo.core.rundir import (
     claim_run_dir,
     hydra_entries,
     remove_temp_files,
+    run_dir_verdict,
 )
 from coevo.core.stopping import Stopped, stop_on_signals
 from coevo.orchestrate.actors import ActorFailure
@@ -101,6 +102,15 @@ def run_checks(cfg: CoevoConfig, with_proposer: bool = True) -> tuple[Any, Any]:
     check_devices(cfg, with_proposer)  # num_gpus > 0 without a visible GPU: refused, never run on the CPU
     check_prebuilt(cfg, entities=with_proposer)  # a large corpus's indexes are built before the run, not in it
     return sources, check_run_memory(cfg, with_proposer=with_proposer)
+
+
+def dry_run_checks(cfg: CoevoConfig, with_proposer: bool = True) -> tuple[Any, Any]:
+    """A dry run's checks: whether the real run could claim run.dir as configured (`run_dir_verdict`,
+    reading only), then `run_checks`. Raises RunDirError first; nothing is written."""
+    run_dir = Path(cfg.run.dir)
+    run_dir_verdict(run_dir, resume=cfg.resume, overwrite=cfg.run.overwrite, keep=hydra_entries(run_dir),
+                    resumable=run_dir.is_dir() and latest_checkpoint(run_dir) is not None)
+    return run_checks(cfg, with_proposer)
 
 
 @contextmanager

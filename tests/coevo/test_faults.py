@@ -25,6 +25,7 @@ from coevo.core.rundir import (
     experiment_differences,
     lock_run_dir,
     remove_temp_files,
+    run_dir_verdict,
 )
 from coevo.core.stopping import Stopped, stop_on_signals, uninterrupted
 from coevo.orchestrate.outputs import MetricsLog, read_jsonl
@@ -92,12 +93,28 @@ def test_overwrite_never_deletes_files_no_run_writes(tmp_path):
     _populate(tmp_path, "metrics.jsonl", "thesis.tex")
     with pytest.raises(RunDirError, match=r"run\.overwrite=true refused: .* holds thesis\.tex, which no run writes"):
         claim_run_dir(tmp_path, resume=False, overwrite=True)
-    assert sorted(p.name for p in tmp_path.iterdir()) == [".lock", "metrics.jsonl", "thesis.tex"]
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["metrics.jsonl", "thesis.tex"]  # refused before the lock
 
 
 def test_resume_and_overwrite_together_are_refused(tmp_path):
     with pytest.raises(RunDirError, match="contradict each other"):
         claim_run_dir(tmp_path, resume=True, overwrite=True)
+
+
+def test_the_run_dir_verdict_reads_only_and_names_what_overwrite_would_delete(tmp_path):
+    missing = tmp_path / "a" / "b"
+    assert run_dir_verdict(missing, resume=False, overwrite=False) == [] and not (tmp_path / "a").exists()
+    _populate(tmp_path / "run", "metrics.jsonl", "tasks/step_0.jsonl", ".hydra/config.yaml")
+    doomed = run_dir_verdict(tmp_path / "run", resume=False, overwrite=True, keep=(".hydra",))
+    assert doomed == ["metrics.jsonl", "tasks"]
+    assert run_dir_verdict(tmp_path / "run", resume=True, overwrite=False) == []
+    assert sorted(p.name for p in (tmp_path / "run").iterdir()) == [".hydra", "metrics.jsonl", "tasks"]
+    with pytest.raises(RunDirError, match=r"already holds a run \(metrics\.jsonl, tasks\)"):
+        run_dir_verdict(tmp_path / "run", resume=False, overwrite=False, keep=(".hydra",))
+    with pytest.raises(RunDirError, match=r"metrics\.jsonl exists and is not a directory"):
+        run_dir_verdict(tmp_path / "run" / "metrics.jsonl", resume=False, overwrite=False)
+    with pytest.raises(RunDirError, match=r"cannot be created: .*metrics\.jsonl is not a writable directory"):
+        run_dir_verdict(tmp_path / "run" / "metrics.jsonl" / "x", resume=False, overwrite=False)
 
 
 HOLDER = ("import sys; from coevo.core.rundir import lock_run_dir; lock_run_dir(sys.argv[1]); "

@@ -102,6 +102,19 @@ def test_dry_run_of_an_unavailable_model_fails_with_the_preflight_line_before_an
     assert not (tmp_path / "run").exists()
 
 
+def test_a_dry_run_refuses_a_run_dir_the_real_run_would_refuse_and_writes_nothing(tmp_path, monkeypatch, capsys):
+    run_dir = tmp_path / "run"
+    run_dir.mkdir()
+    (run_dir / "metrics.jsonl").write_text("{}\n")
+    code = _entry(monkeypatch, tmp_path, run_cmd, "coevo", "main",
+                  ["experiment=smoke", "dry_run=true", f"run.dir={run_dir}"])
+    err = capsys.readouterr().err
+    assert code == 2, err
+    assert err.startswith(f"coevo.run: error: run.dir {run_dir} already holds a run (metrics.jsonl)"), err
+    assert len(err.splitlines()) == 1 and "Traceback" not in err
+    assert sorted(p.name for p in run_dir.iterdir()) == ["metrics.jsonl"]
+
+
 def _fake_command(calls: list[str], owns_run_dir: bool, fail: BaseException | None = None) -> startup.Command:
     def checks(cfg: Any) -> None:
         calls.append("checks")
@@ -173,18 +186,21 @@ def test_the_dry_run_makes_the_checks_of_the_real_run_in_its_order(with_proposer
     dcfg = compose(["experiment=smoke", f"run.dir={tmp_path / 'run'}"])
     cfg = to_object(dcfg)
     monkeypatch.setattr(persist, "setup_logging", lambda *a: None)  # no run.log, no log variables left set
+    dry: list[tuple[str, bool]] = []
+    _record_checks(monkeypatch, persist, dry)
+    persist.dry_run_checks(cfg, with_proposer)  # before the real run: it leaves run.dir holding a run
     real: list[tuple[str, bool]] = []
     _record_checks(monkeypatch, persist, real)
     with persist.open_run("coevo.x", cfg, dcfg, with_proposer=with_proposer):
         pass
     assert real == [(name, with_proposer) for name in CHECKS]
-    assert run_cmd.COMMAND.checks is persist.run_checks  # the dry run makes these very checks
+    assert dry == real and run_cmd.COMMAND.checks is persist.dry_run_checks  # the dry run makes these very checks
 
 
 def test_each_entry_point_starts_through_startup():
     assert (run_cmd.COMMAND.prog, run_cmd.COMMAND.owns_run_dir) == ("coevo.run", True)
     assert (solve_cmd.COMMAND.prog, solve_cmd.COMMAND.owns_run_dir) == ("coevo.solve", True)
     assert (eval_cmd.COMMAND.prog, eval_cmd.COMMAND.owns_run_dir) == ("coevo.eval", False)
-    assert run_cmd.COMMAND.checks is persist.run_checks and eval_cmd.COMMAND.validate is to_eval_object
+    assert run_cmd.COMMAND.checks is persist.dry_run_checks and eval_cmd.COMMAND.validate is to_eval_object
     cfg = to_object(compose(["experiment=smoke"]))
     assert run_cmd.COMMAND.roles(cfg) == ("proposer", "solver", "ranker")

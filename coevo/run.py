@@ -93,6 +93,7 @@ def _loop(cfg: CoevoConfig, run_dir: Path, actors, questions: list[str], metrics
     with StepBar("coevo.run", cfg.run.steps, start) as bar:
         for step in range(start, cfg.run.steps):
             t0 = time.perf_counter()
+            actors.check_alive()  # an actor lost in the last step stops the run here, named
             refs, cursor = next_references(questions, cursor, cfg.proposer.questions_per_step)
             records, m = coevolution_step(step, refs, actors, cfg, step_seed(cfg.seed, step), progress=LOG.info,
                                           hops=hop_curriculum.step_hops(cfg, curriculum))

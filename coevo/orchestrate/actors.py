@@ -117,6 +117,17 @@ class Actors:
     evidence: Optional[RemoteEvidence]  # None in `coevo.solve`
     trainable: dict[str, RemotePolicy]  # role -> policy whose weights change and are checkpointed
     placement: dict[str, dict] = field(default_factory=dict)  # actor -> node, host, pid, resources (Ray only)
+    handles: dict[str, Any] = field(default_factory=dict)  # actor name -> its Ray handle (Ray only)
+
+    def check_alive(self) -> None:
+        """Raise ActorFailure naming the first actor that no longer answers (Ray runs; none in one process).
+
+        A dead actor is otherwise noticed only when next called, and a step need not call every
+        actor (no accepted task: no search), so a run could go on without one; the loop asks each step.
+        """
+        refs = {name: handle.ready.remote() for name, handle in self.handles.items()}
+        for name, ref in refs.items():
+            call(ref, f"{name} (alive check)")
 
 
 def _requests(cfg: CoevoConfig, ranker: Optional[PolicyConfig]) -> dict[str, dict[str, float]]:
@@ -208,7 +219,7 @@ def create_actors(cfg: CoevoConfig) -> Actors:
         if isinstance(proxy, RemoteShardedPolicy):
             proxy.start()
     placement = {name: {**info, "resources": requests[name]} for name, info in placed.items()}
-    return Actors(proposer, solver, ranker, retrieval, evidence, trainable, placement)
+    return Actors(proposer, solver, ranker, retrieval, evidence, trainable, placement, handles)
 
 
 def create_local_actors(cfg: CoevoConfig, with_proposer: bool = True) -> Actors:

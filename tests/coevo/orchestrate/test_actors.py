@@ -75,3 +75,27 @@ def test_each_retrieval_replica_is_an_actor_with_its_core_and_start_note():
     assert all(requests[n] == requests["evidence"] for n in names)  # one CPU each, like the evidence actor
     notes = actors_mod.start_notes(cfg)
     assert all("loads the corpus and its bm25s index" in notes[n] for n in names)
+
+
+def test_the_alive_check_asks_every_actor_and_names_the_first_dead_one(monkeypatch):
+    class Handle:
+        def __init__(self, name):
+            self.ready = type("Method", (), {"remote": staticmethod(lambda: name)})()
+
+    asked = []
+
+    def call(ref, what):  # as remote.call: a dead actor's ray.get becomes an ActorFailure naming it
+        asked.append(ref)
+        if ref == "retrieval":
+            raise actors_mod.ActorFailure(f"{what} failed in its Ray actor: the actor died unexpectedly")
+        return {"pid": 1}
+
+    monkeypatch.setattr(actors_mod, "call", call)
+    names = ("proposer", "solver", "ranker", "evidence")
+    run = actors_mod.Actors(None, None, None, None, None, {}, handles={n: Handle(n) for n in names})
+    run.check_alive()
+    assert asked == list(names)
+    run.handles["retrieval"] = Handle("retrieval")
+    with pytest.raises(actors_mod.ActorFailure, match=r"^retrieval \(alive check\) failed in its Ray actor"):
+        run.check_alive()
+    assert actors_mod.Actors(None, None, None, None, None, {}).handles == {}  # one process: nothing to ask

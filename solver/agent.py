@@ -30,6 +30,7 @@ from dataclasses import dataclass, field
 from typing import Any, Callable, NamedTuple, Optional, Protocol, Sequence
 
 from coevo.core.config import SolverConfig
+from coevo.core.scoring import contains_answer
 from coevo.core.types import SamplingParams
 from solver.ranker import RankerCall, SearchRequest, strip_eos
 from solver.search_tool import SearchTool, format_documents
@@ -102,6 +103,7 @@ class Episode:
     correctness: float = 0.0  # filled by the reward step
     reward: float = 0.0  # filled by the reward step
     guided: bool = False  # its turns replay the task's path (`solver.guided_rollouts`), not samples
+    read_answer: bool = False  # a gold answer stood in a passage one of its searches showed it
 
     @property
     def task_id(self) -> str:
@@ -126,7 +128,7 @@ class Episode:
         return {"rollout_idx": self.rollout_idx, "transcript": transcript, "answer": self.answer,
                 "format_ok": self.format_ok, "end_reason": self.end_reason, "correctness": self.correctness,
                 "n_searches": self.n_searches, "sub_queries": self.sub_queries, "reward": self.reward,
-                "n_generated": self.n_generated, "guided": self.guided,
+                "n_generated": self.n_generated, "guided": self.guided, "read_answer": self.read_answer,
                 "ranker_calls": [c.to_record() for c in self.ranker_calls]}
 
 
@@ -282,6 +284,7 @@ def _observe(episodes: list[Episode], queries: list[str], search_tool: SearchToo
         ep.loss_mask += [0] * len(obs_ids)
         if ep.logprobs is not None:
             ep.logprobs += [0.0] * len(obs_ids)
+        ep.read_answer = ep.read_answer or any(contains_answer(p.text, ep.task.answers) for p in result.passages)
 
 
 class _GuideTurn(NamedTuple):
@@ -320,7 +323,8 @@ def run_episodes(solver: SolverPolicy, tasks: Sequence[Task], search_tool: Searc
     `cfg` is a SolverConfig (max_searches, max_turns, max_episode_tokens and, when
     `sampling` is None, temperature/top_p/max_new_tokens). With `solver.guided_rollouts` the last
     of G > 1 rollouts of a task with a `guide` replays the task's path (`guide_turn`): its search
-    results are real, it is scored like any other rollout, and its tokens train like sampled ones.
+    results are real, it is scored like any other rollout, and its tokens train like sampled ones
+    when those results showed it the answer (`solver.training.in_groups`).
     """
     n_rollouts = group_size or cfg.group_size
     params = _turn_sampling(cfg, sampling)

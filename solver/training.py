@@ -25,6 +25,16 @@ def episodes_by_task(episodes: Sequence[Any]) -> dict[str, list[Any]]:
     return dict(by_task)
 
 
+def in_groups(ep: Any) -> bool:
+    """Whether an episode joins its task's GRPO groups (solver, and ranker through its calls).
+
+    Every sampled rollout does; a guided one only when its replayed searches showed it the answer
+    (`read_answer`): a replay whose results hold no gold would train writing the target without
+    evidence, and pay the ranker for an answer its ranking did not show. It is still scored and dumped.
+    """
+    return not ep.guided or ep.read_answer
+
+
 def score_solver(episodes: Sequence[Any], cfg: SolverConfig) -> dict[str, float]:
     """Fill `correctness` and `reward` of every episode; return accuracy per task.
 
@@ -61,7 +71,7 @@ def score_ranker(episodes: Sequence[Any], cfg: RankerConfig) -> list[list[Any]]:
         for ep in eps:
             for call in ep.ranker_calls:
                 score_ranker_call(call, ep.correctness, cfg)
-        groups += group_task(eps, cfg)
+        groups += group_task([ep for ep in eps if in_groups(ep)], cfg)
     return groups
 
 
@@ -74,12 +84,13 @@ def _advantages(rewards: list[float], group_ids: list[int], scale_std: bool) -> 
 
 def solver_sequences(episodes: Sequence[Any], scale_std: bool = True,
                      keep_zero: bool = False) -> tuple[list[Any], dict[str, float]]:
-    """One TrainSequence per episode, advantages normalized within each task's G rollouts.
+    """One TrainSequence per episode in the groups (`in_groups`), advantages normalized within each task's rollouts.
 
     Zero-advantage episodes are left out unless `keep_zero` (`solver.keep_zero_advantage`):
     kept, they count in the token-mean denominator and get the KL term.
     """
 
+    episodes = [ep for ep in episodes if in_groups(ep)]
     tasks = list(episodes_by_task(episodes))
     gid = [tasks.index(ep.task_id) for ep in episodes]
     adv, n_zero = _advantages([ep.reward for ep in episodes], gid, scale_std)

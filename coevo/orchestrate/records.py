@@ -44,7 +44,9 @@ def step_metrics(cands: Sequence[Candidate], episodes: Sequence[Episode], groups
         "solver": {"mean_searches": mean([ep.n_searches for ep in sampled]),
                    "format_valid": mean([float(ep.format_ok) for ep in sampled]),
                    "accuracy": mean([c.accuracy for c in accepted if c.accuracy is not None]),
-                   "guided": sum(1 for ep in episodes if ep.guided), **answer_rates(sampled)},
+                   "guided": sum(1 for ep in episodes if ep.guided),
+                   "guided_read": sum(1 for ep in episodes if ep.guided and ep.read_answer),  # the ones trained
+                   **answer_rates(sampled)},
         "reward": {"proposer": mean([c.reward for c in cands if c.reward is not None]),
                    "solver": mean([ep.reward for ep in episodes]),
                    "ranker": mean([c.reward for c in calls if c.reward is not None])},

@@ -319,6 +319,9 @@ def test_guided_rollout_replays_the_path_and_the_rest_sample(scripted_policy, ma
     enc = policy.tokenizer.encode
     generated = [t for t, m in zip(guided.token_ids, guided.loss_mask) if m]
     assert generated == enc("<search>France</search>") + enc("<search>capital</search>") + enc("<answer>Paris</answer>")
+    shown = policy.tokenizer.decode([t for t, m in zip(guided.token_ids[guided.prompt_len:],
+                                                       guided.loss_mask[guided.prompt_len:]) if not m])
+    assert "Paris" in shown and guided.read_answer  # its searches showed it the answer: it trains
     # off by default, and never the only rollout of a task
     assert not any(ep.guided for ep in run_episodes(policy, [task], tool, solver_cfg(group_size=2)))
     assert not run_episodes(policy, [task], tool, solver_cfg(group_size=1, guided_rollouts=True))[0].guided

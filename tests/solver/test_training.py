@@ -9,7 +9,8 @@ from solver.training import ranker_sequences, solver_sequences
 def _episode(task_id, reward, n_generated=2):
     # prompt of 3 tokens (mask 0), then n_generated solver tokens (mask 1)
     return SimpleNamespace(task_id=task_id, reward=reward, token_ids=[1, 2, 3] + [4] * n_generated,
-                           loss_mask=[0, 0, 0] + [1] * n_generated, logprobs=None, n_generated=n_generated)
+                           loss_mask=[0, 0, 0] + [1] * n_generated, logprobs=None, n_generated=n_generated,
+                           guided=False, read_answer=False)
 
 
 EPISODES = [
@@ -84,3 +85,15 @@ def test_a_guided_rollout_is_rewarded_but_leaves_the_solve_rate_to_the_sampled_o
     accuracy = score_solver(eps, SolverConfig())
     assert [ep.correctness for ep in eps] == [0.0, 1.0, 1.0] and guided.reward > eps[0].reward
     assert accuracy == {"t1": 0.5}  # 1 of the 2 sampled rollouts, not 2 of 3
+
+
+def test_a_guided_rollout_that_never_read_the_answer_joins_no_group():
+    # t1: sampled rewards [1, 0] and a guided replay rewarded 1 whose searches showed no gold
+    eps = [_episode("t1", 1.0), _episode("t1", 0.0), _episode("t1", 1.0)]
+    eps[2].guided = True
+    batch, info = solver_sequences(eps)
+    assert [round(s.advantage, 4) for s in batch] == [0.7071, -0.7071]  # mean 0.5, unbiased std 0.7071
+    eps[2].read_answer = True  # it read the answer: trained, and the baseline moves to 2/3
+    batch, _ = solver_sequences(eps)
+    assert [s.advantage for s in batch] == pytest.approx([3 ** -0.5, -2 * 3 ** -0.5, 3 ** -0.5], abs=1e-4)
+    assert info["groups"] == 1

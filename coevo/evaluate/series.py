@@ -80,8 +80,11 @@ def by_step(records: Sequence[dict]) -> dict[int, list[dict]]:
 
 
 def group_shares(records: Sequence[dict]) -> dict[str, Any]:
-    """Solver groups of one step's dump (accepted tasks with rollouts): count and mixed/all-correct/all-wrong shares."""
-    groups = [[number(ro.get("correctness")) or 0.0 for ro in r.get("rollouts") or []]
+    """Solver groups of one step's dump (accepted tasks with rollouts): count and mixed/all-correct/all-wrong shares.
+
+    Over the sampled rollouts: a guided one (`solver.guided_rollouts`) is correct by construction and
+    would make every group look mixed."""
+    groups = [[number(ro.get("correctness")) or 0.0 for ro in r.get("rollouts") or [] if not ro.get("guided")]
               for r in records if r.get("accepted")]
     shares = correctness_shares(groups)
     return {"solver_groups": shares["n"], "mixed_groups": shares["mixed"],

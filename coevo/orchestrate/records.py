@@ -53,7 +53,7 @@ def step_metrics(cands: Sequence[Candidate], episodes: Sequence[Episode], groups
         "ranker": {"calls": len(calls), "format_valid": mean([float(c.format_ok) for c in calls]),
                    "i_ans": mean([float(c.i_ans) for c in calls]), **hits,
                    "group_sizes": dict(Counter(len(g) for g in groups))},
-        "groups": solver_group_shares(episodes),
+        "groups": solver_group_shares(sampled),  # guided replays are correct by construction
         "solve_rate": solve_rate_shares([c.accuracy for c in accepted if c.accuracy is not None]),
         "rejection": rejection_rates(cands),
         "multi_hop_share": _rate(sum(1 for c in accepted if c.path is not None and len(c.path) >= 2), len(accepted)),
@@ -93,7 +93,7 @@ def solve_rate_shares(accuracies: Sequence[float]) -> dict[str, Optional[float]]
 
 
 def solver_group_shares(episodes: Sequence[Episode]) -> dict[str, Optional[float]]:
-    """`correctness_shares` of the step's solver groups (one task's rollouts each)."""
+    """`correctness_shares` of the step's solver groups (one task's rollouts each; the caller passes the sampled ones)."""
     by_task: dict[str, list[float]] = {}
     for ep in episodes:
         by_task.setdefault(ep.task_id, []).append(ep.correctness)

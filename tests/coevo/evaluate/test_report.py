@@ -183,3 +183,12 @@ def test_a_dump_loads_as_written_with_its_step(tmp_path):
     loaded, _ = load_run(_write_run(tmp_path / "run", new_records()))
     assert loaded == [{**r, "step": 0} for r in new_records()]
     assert summarize(loaded)["mean_searches_solved"] == 1.0
+
+
+def test_solver_group_shares_leave_guided_rollouts_out():
+    from coevo.evaluate.series import group_shares
+
+    rec = {"accepted": True, "rollouts": [{"correctness": 0.0}, {"correctness": 0.0},
+                                          {"correctness": 1.0, "guided": True}]}  # correct by construction
+    assert group_shares([rec]) == {"solver_groups": 1, "mixed_groups": 0.0, "all_correct_groups": 0.0,
+                                   "all_wrong_groups": 1.0}

@@ -93,7 +93,7 @@ def solve_rate_shares(accuracies: Sequence[float]) -> dict[str, Optional[float]]
 
 
 def solver_group_shares(episodes: Sequence[Episode]) -> dict[str, Optional[float]]:
-    """`correctness_shares` of the step's solver groups (one task's rollouts each; the caller passes the sampled ones)."""
+    """`correctness_shares` of the step's solver groups (one task's rollouts each: the caller passes the sampled)."""
     by_task: dict[str, list[float]] = {}
     for ep in episodes:
         by_task.setdefault(ep.task_id, []).append(ep.correctness)

@@ -3,7 +3,7 @@ per-dataset aggregation, terminal tables, result files and their comparison.
 
 Everything here is a pure function of the prediction records, so a result file can be
 re-aggregated after loading (`aggregate(result["predictions"], K, mode)` gives back its
-`metrics`). Answer scores always come from `solver.scoring` (SPEC §5.4: the one
+`metrics`). Answer scores always come from `coevo.core.scoring` (SPEC §5.4: the one
 implementation) applied to the record's `prediction` and `answers`.
 
 Per dataset (keys of `metrics[<dataset>]`):

@@ -121,10 +121,11 @@ def claim_run_dir(run_dir: str | os.PathLike, *, resume: bool, overwrite: bool, 
 
     keep: names in `run_dir` that belong to this invocation (`hydra_entries`): never counted, never
     deleted. resumable: whether the directory holds a checkpoint (only the advice given changes).
-    The verdict is `run_dir_verdict`'s: once before anything is created, again under the lock.
+    The verdict is `run_dir_verdict`'s, taken under the lock: a directory another live run holds is
+    refused as that ("in use by another run"), before what it holds is looked at.
     """
     run_dir = Path(run_dir)
-    run_dir_verdict(run_dir, resume=resume, overwrite=overwrite, keep=keep, resumable=resumable)
+    _check_flags(resume, overwrite)
     lock = lock_run_dir(run_dir)
     try:
         doomed = run_dir_verdict(run_dir, resume=resume, overwrite=overwrite, keep=keep, resumable=resumable)
@@ -146,9 +147,7 @@ def run_dir_verdict(run_dir: str | os.PathLike, *, resume: bool, overwrite: bool
     is not a directory or cannot be created, a directory holding a run without resume or overwrite,
     or anything no run writes under overwrite. A dry run calls it as is; `claim_run_dir` under the lock.
     """
-    if resume and overwrite:
-        raise RunDirError("resume=true and run.overwrite=true contradict each other: resume continues run.dir, "
-                          "overwrite deletes what it holds")
+    _check_flags(resume, overwrite)
     run_dir = Path(run_dir)
     if not run_dir.is_dir():
         _check_creatable(run_dir)
@@ -164,6 +163,12 @@ def run_dir_verdict(run_dir: str | os.PathLike, *, resume: bool, overwrite: bool
         raise RunDirError(f"run.overwrite=true refused: run.dir {run_dir} holds {_listing(foreign)}, which no "
                           "run writes; move them away or choose another run.dir")
     return held
+
+
+def _check_flags(resume: bool, overwrite: bool) -> None:
+    if resume and overwrite:
+        raise RunDirError("resume=true and run.overwrite=true contradict each other: resume continues run.dir, "
+                          "overwrite deletes what it holds")
 
 
 def _check_creatable(run_dir: Path) -> None:

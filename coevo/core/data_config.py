@@ -78,6 +78,9 @@ class EvidenceConfig:
     max_question_chars: int = key(300, "questions longer than this are rejected", AT_LEAST_1)
     support_head: bool = key(
         False, "corpus support may come from a qualified target's head (\"Abuja, Nigeria\" -> \"Abuja\")")
+    # Not SPEC §3.4 (off in the paper presets): a yes/no question, or one holding a tag, is rejected.
+    open_question: bool = key(
+        False, "polar_question / markup: a question opening with Is, Does, Can, ... or holding a <tag>")
     # Not SPEC §3.4 (off in the paper presets): a task the solver's first search cannot reach is rejected.
     retrievable: bool = key(
         False, "not_retrievable unless the question's top retrievable_k hold the target or hop 1's page")

@@ -14,7 +14,7 @@ from evidence.graph import CUE_RANK, build_graph, lexical_cue, resolve_node
 from evidence.mentions import Mention, normalize_entity, title_key
 from evidence.paths import build_evidence_paths, certify_path
 from evidence.pipeline import EvidencePipeline
-from evidence.validate import validate_question
+from evidence.validate import open_question_verdict, validate_question
 
 PUNCT = string.punctuation + "“”‘’–—…¿¡«»·•"
 garbled = st.one_of(
@@ -67,6 +67,13 @@ def test_certify_and_from_record_total(data):
 @given(anything, anything, st.one_of(json_like, st.none()))
 def test_validate_question_total(question, target, path):
     assert _is_verdict(validate_question(question, target, path))
+
+
+@FAST
+@given(anything)
+def test_open_question_verdict_total(question):
+    verdict = open_question_verdict(Verdict(True, "ok", ("p1",)), question)
+    assert _is_verdict(verdict) and verdict.evidence == ("p1",)
 
 
 @pytest.mark.slow

@@ -12,6 +12,7 @@ from evidence.paths import direct_path
 from evidence.pipeline import EvidencePipeline
 from evidence.validate import (
     distinctive_tokens,
+    open_question_verdict,
     spaced_key,
     support_verdict,
     target_head,
@@ -198,3 +199,34 @@ def test_a_head_equal_to_the_target_does_not_license_its_tokens():
                                                      "Waylon Jennings was a singer.", "p1"),))
     assert validate_question("Which singer named Jennings recorded in Nashville?", "Waylon Jennings",
                              own_page).reason == "leaks_target_token"
+
+
+# Questions run 6's trained proposer wrote (docs/learning.md, task quality), and near misses.
+@pytest.mark.parametrize("question, reason", [
+    ("Is Homer a hero of the Trojan War?", "polar_question"),
+    ("Is it possible to use a browser to display content locally on a device?", "polar_question"),
+    ("  does the Nile flow north?", "polar_question"),
+    ("Were the Allies negotiating in Paris in 1919?", "polar_question"),
+    ("You don't have the answer to this question!</response> Question: What is a species known as Agnat?", "markup"),
+    ("What is the <b>capital</b> of Nigeria?", "markup"),
+    ("What lies between the Black Sea and the Caspian Sea?", "ok"),
+    ("Isle of Man's capital is which town?", "ok"),  # "Isle", not "Is"
+    ("Which planet has the moon Titan, and is it a gas giant?", "ok"),  # only the opening word decides
+    ("What does 3 < 4 mean in the puzzle?", "ok"),  # a bare "<" is not a tag
+])
+def test_open_question_reasons(question, reason):
+    verdict = open_question_verdict(Verdict(True, "ok", ("t1",)), question)
+    assert verdict.reason == reason and verdict.ok == (reason == "ok") and verdict.evidence == ("t1",)
+
+
+def test_open_question_keeps_an_earlier_rejection():
+    rejected = Verdict(False, "leaks_target", ("t1",), "tennessee")
+    assert open_question_verdict(rejected, "Is Tennessee a state?") is rejected
+
+
+@pytest.mark.parametrize("enabled, reasons", [(False, ["ok", "ok"]), (True, ["polar_question", "ok"])])
+def test_pipeline_applies_open_question_only_when_enabled(enabled, reasons):
+    pipe = EvidencePipeline(None, None, None, EvidenceConfig(open_question=enabled))  # type: ignore[arg-type]
+    questions = ["Is Nashville the capital of the state Hank Snow lived in?",
+                 "Which state is the city Hank Snow moved to in 1949 the capital of?"]
+    assert [v.reason for v in pipe.validate_questions(questions, ["Tennessee"] * 2, [PATH] * 2)] == reasons

@@ -194,7 +194,10 @@ RUN5_OVERRIDES = [
 
 
 # Levers the preset gained after run 5 (the issue "The solver learns to answer"): off by default.
-AFTER_RUN5 = ["proposer.curriculum.enabled=true", "evidence.retrievable=true"]
+AFTER_RUN5 = ["proposer.curriculum.enabled=true", "evidence.retrievable=true",
+              # the step-time settings (vLLM rollouts inside the memory estimate)
+              "rollout=vllm", "solver.gradient_checkpointing=true", "ranker.gradient_checkpointing=true",
+              "proposer.max_prompt_tokens=512", "ranker.max_prompt_tokens=768"]
 
 
 def test_small_learning_preset_is_run_5s_configuration():

@@ -89,8 +89,7 @@ def lock_run_dir(run_dir: str | os.PathLike) -> RunDirLock:
     except BlockingIOError:
         holder = _holder(fd)
         os.close(fd)
-        raise RunDirError(f"run.dir {run_dir} is in use by another run ({holder}); wait for it to end or stop it, "
-                          "or choose another run.dir") from None
+        raise _in_use(run_dir, holder) from None
     except BaseException:
         os.close(fd)
         raise
@@ -98,6 +97,35 @@ def lock_run_dir(run_dir: str | os.PathLike) -> RunDirLock:
     os.ftruncate(fd, 0)
     os.pwrite(fd, (json.dumps(record) + "\n").encode(), 0)
     return RunDirLock(run_dir, fd)
+
+
+def _in_use(run_dir: Path, holder: str) -> RunDirError:
+    return RunDirError(f"run.dir {run_dir} is in use by another run ({holder}); wait for it to end or stop it, "
+                       "or choose another run.dir")
+
+
+def check_not_in_use(run_dir: str | os.PathLike, locks_table: str = "/proc/locks") -> None:
+    """Raise RunDirError when a live run holds `run_dir`'s lock, without taking it (a dry run's check).
+
+    Taking the lock, even for a moment, could make a real run starting at that moment refuse the
+    directory; the kernel's table of flock locks names the lock file by device and inode instead.
+    Where that table cannot be read (no /proc), nothing is said and the real run's claim decides.
+    """
+    lock_file = Path(run_dir) / LOCK_NAME
+    try:
+        st = lock_file.stat()
+        table = Path(locks_table).read_text()
+    except OSError:
+        return
+    file_key = f"{os.major(st.st_dev):02x}:{os.minor(st.st_dev):02x}:{st.st_ino}"
+    for line in table.splitlines():
+        fields = line.split()  # "1: FLOCK  ADVISORY  WRITE 3445 fe:00:2146482 0 EOF"; "->" marks a waiter
+        if "FLOCK" in fields and "->" not in fields and file_key in fields:
+            fd = os.open(lock_file, os.O_RDONLY)
+            try:
+                raise _in_use(Path(run_dir), _holder(fd))
+            finally:
+                os.close(fd)
 
 
 def _holder(fd: int, tries: int = 20) -> str:

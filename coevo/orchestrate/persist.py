@@ -25,6 +25,7 @@ from coevo.core.rundir import (
     CONFIG_NAME,
     RunDirError,
     RunDirLock,
+    check_not_in_use,
     check_same_experiment,
     claim_run_dir,
     hydra_entries,
@@ -110,9 +111,11 @@ def run_checks(cfg: CoevoConfig, with_proposer: bool = True) -> tuple[Any, Any]:
 
 
 def dry_run_checks(cfg: CoevoConfig, with_proposer: bool = True) -> tuple[Any, Any]:
-    """A dry run's checks: whether the real run could claim run.dir as configured (`run_dir_verdict`,
-    reading only), then `run_checks`. Raises RunDirError first; nothing is written."""
+    """A dry run's checks: whether the real run could claim run.dir as configured (no live run holds
+    it, `check_not_in_use`; `run_dir_verdict`, reading only), then `run_checks`. Raises RunDirError
+    first; nothing is written."""
     run_dir = Path(cfg.run.dir)
+    check_not_in_use(run_dir)
     run_dir_verdict(run_dir, resume=cfg.resume, overwrite=cfg.run.overwrite, keep=hydra_entries(run_dir),
                     resumable=run_dir.is_dir() and latest_checkpoint(run_dir) is not None)
     return run_checks(cfg, with_proposer)

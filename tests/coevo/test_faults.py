@@ -20,6 +20,7 @@ from coevo.core.config import CoevoConfig, PolicyConfig, compose, to_object
 from coevo.core.io import atomic_dir, unique_sibling
 from coevo.core.rundir import (
     RunDirError,
+    check_not_in_use,
     check_same_experiment,
     claim_run_dir,
     experiment_differences,
@@ -29,7 +30,7 @@ from coevo.core.rundir import (
 )
 from coevo.core.stopping import Stopped, stop_on_signals, uninterrupted
 from coevo.orchestrate.outputs import MetricsLog, read_jsonl
-from coevo.orchestrate.persist import stopped_advice
+from coevo.orchestrate.persist import dry_run_checks, stopped_advice
 from coevo.train.checkpoint import (
     MARKER,
     drop_checkpoints_after,
@@ -136,6 +137,27 @@ def test_a_second_run_stops_at_once_naming_the_holder_and_a_killed_holder_frees_
         holder.wait()
     with claim_run_dir(tmp_path, resume=True, overwrite=False):
         assert json.loads((tmp_path / ".lock").read_text())["pid"] == os.getpid()
+
+
+def test_a_dry_run_sees_a_held_run_dir_without_taking_its_lock(tmp_path):
+    check_not_in_use(tmp_path)  # no lock file: nothing to say
+    holder = subprocess.Popen([sys.executable, "-c", HOLDER, str(tmp_path)], cwd=ROOT, stdin=subprocess.PIPE,
+                              stdout=subprocess.PIPE, text=True)
+    try:
+        assert holder.stdout.readline() == "locked\n"
+        record = (tmp_path / ".lock").read_text()
+        with pytest.raises(RunDirError, match=f"is in use by another run \\(pid {holder.pid} on host "):
+            check_not_in_use(tmp_path)
+        check_not_in_use(tmp_path, locks_table=str(tmp_path / "absent"))  # no table: the claim decides
+        with pytest.raises(RunDirError, match="in use by another run"):  # a dry run asks before anything else
+            dry_run_checks(to_object(compose(["experiment=smoke", f"run.dir={tmp_path}", "resume=true"])))
+        assert (tmp_path / ".lock").read_text() == record  # read only
+    finally:
+        holder.kill()
+        holder.wait()
+    check_not_in_use(tmp_path)  # the kernel dropped the killed holder's lock
+    with claim_run_dir(tmp_path, resume=True, overwrite=False):
+        check_not_in_use(tmp_path / "elsewhere")
 
 
 def test_experiment_differences_name_each_changed_key_and_skip_the_others():

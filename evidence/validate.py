@@ -216,25 +216,28 @@ def validate_question(question: Any, target: Any, path: Any, max_chars: int = 30
     return Verdict(True, "ok", evidence)
 
 
-# A question opening with an auxiliary verb asks yes or no ("Is Homer a hero of the Trojan War?"), never
-# for its target; a tag in the question is the model's own markup ("…</response> Question: What …?").
+# A question opening with an auxiliary verb and holding no wh-word asks yes or no ("Is Homer a hero of
+# the Trojan War?"), never for its target; "Can you tell me which city …?" asks for a name. A tag in the
+# question is the model's own markup ("…</response> Question: What …?").
 POLAR_OPENERS = frozenset("""
 am is are was were be do does did can could will would shall should may might must has have had
 """.split())
+WH_WORDS = frozenset("what which who whom whose where when why how".split())
 _MARKUP = re.compile(r"</?[A-Za-z][\w-]*>")
 
 
 def open_question_verdict(verdict: Verdict, question: Any) -> Verdict:
     """`evidence.open_question`: a question that passed the static checks stays accepted only when it
-    asks for something (its first word is not an auxiliary verb: `polar_question`) and holds no
-    tag (`markup`). Not SPEC §3.4: a yes/no question cannot have an entity as its answer.
+    asks for something (not an auxiliary verb first with no wh-word anywhere: `polar_question`) and
+    holds no tag (`markup`). Not SPEC §3.4: a yes/no question cannot have an entity as its answer.
     """
     if not verdict.ok:
         return verdict
     text = _clean(question)
     words = _WORD.findall(text)
-    if words and words[0].lower() in POLAR_OPENERS:
-        return _reject("polar_question", f"opens with {words[0]!r}: a yes/no question", verdict.evidence)
+    lowered = [w.lower() for w in words]
+    if lowered and lowered[0] in POLAR_OPENERS and not WH_WORDS.intersection(lowered):
+        return _reject("polar_question", f"opens with {words[0]!r} and asks no wh-word", verdict.evidence)
     tag = _MARKUP.search(text)
     if tag:
         return _reject("markup", tag.group(0), verdict.evidence)

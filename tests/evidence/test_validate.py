@@ -212,6 +212,8 @@ def test_a_head_equal_to_the_target_does_not_license_its_tokens():
     ("What lies between the Black Sea and the Caspian Sea?", "ok"),
     ("Isle of Man's capital is which town?", "ok"),  # "Isle", not "Is"
     ("Which planet has the moon Titan, and is it a gas giant?", "ok"),  # only the opening word decides
+    ("Can you tell me which city is Egypt's capital?", "ok"),  # run 7: a request for a name
+    ("Do you know who painted the ceiling?", "ok"),
     ("What does 3 < 4 mean in the puzzle?", "ok"),  # a bare "<" is not a tag
 ])
 def test_open_question_reasons(question, reason):

@@ -179,6 +179,7 @@ def test_learning_levers_default_to_todays_behaviour():
     assert cfg.ranker.reasoning and not cfg.ranker.prime_tag and not cfg.evidence.support_head
     assert not any(getattr(cfg, role).keep_zero_advantage for role in ("proposer", "solver", "ranker"))
     assert cfg.evidence.hops == "longest" and not cfg.proposer.curriculum.enabled and not cfg.evidence.retrievable
+    assert not cfg.evidence.open_question
 
 
 # Run 5's overrides in docs/learning.md (the command its curves come from), written out by hand.
@@ -197,7 +198,8 @@ RUN5_OVERRIDES = [
 AFTER_RUN5 = ["proposer.curriculum.enabled=true", "evidence.retrievable=true",
               # the step-time settings (vLLM rollouts inside the memory estimate)
               "rollout=vllm", "solver.gradient_checkpointing=true", "ranker.gradient_checkpointing=true",
-              "proposer.max_prompt_tokens=512", "ranker.max_prompt_tokens=768"]
+              "proposer.max_prompt_tokens=512", "ranker.max_prompt_tokens=768",
+              "evidence.open_question=true"]  # after run 7
 
 
 def test_small_learning_preset_is_run_5s_configuration():

@@ -60,8 +60,8 @@ import torch
 
 from coevo.core.config import compose
 from coevo.core.io import atomic_write_text, iter_jsonl
+from coevo.train import precision
 
-BF16_FLAGS = ("avx512_bf16", "amx_bf16")
 REPORTED_FLAGS = ("avx2", "fma", "avx512f", "avx512_bf16", "avx512_vnni", "amx_tile", "amx_bf16")
 PEAK_KEYS = {"float32": "fp32", "bfloat16": "bf16"}
 
@@ -108,19 +108,14 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
 
 def cpu_flags() -> dict[str, bool]:
     """The bf16 and vector flags of the first CPU in /proc/cpuinfo (all False where it is unreadable)."""
-    try:
-        text = Path("/proc/cpuinfo").read_text()
-    except OSError:
-        text = ""
-    line = next((ln for ln in text.splitlines() if ln.startswith("flags")), "")
-    present = set(line.partition(":")[2].split())
+    present = precision.cpu_flags()
     return {flag: flag in present for flag in REPORTED_FLAGS}
 
 
 def bf16_native(device: str, flags: dict[str, bool]) -> bool:
     if device.startswith("cuda"):
         return bool(torch.cuda.is_bf16_supported())
-    return any(flags.get(f, False) for f in BF16_FLAGS)
+    return any(flags.get(f, False) for f in precision.BF16_CPU_FLAGS)
 
 
 def _sync(device: str) -> None:

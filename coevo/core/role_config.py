@@ -44,6 +44,8 @@ class PolicyConfig:
     model: str = key(MISSING, "embedded preset (smollm2-135m, tiny-random), local HF dir or hub id")
     dtype: DType = key(DType.float32, "parameter dtype: float32 | bfloat16 | float16 (bf16/fp16: frozen policies only)")
     bf16_autocast: bool = key(True, "on a CUDA device with bf16: forward passes in bf16 over fp32 weights (CPU: fp32)")
+    cpu_bf16_autocast: bool = key(
+        False, "on a CPU with native bf16 (avx512_bf16 / amx_bf16): forward passes in bf16 over fp32 weights")
     engine: Engine = key("${rollout.engine}", "generation engine: hf | vllm")
     checkpoint: Optional[str] = key(None, "HF checkpoint dir that replaces the preset weights")
     frozen: bool = key(False, "generate with the initial weights and never update")

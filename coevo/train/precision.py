@@ -5,16 +5,41 @@ weight by about 1e-6, below half a bf16 step for all but the smallest weights (b
 significant bits: a weight of 0.02 moves only by 1.2e-4 or more), so bf16 weights keep about
 98% of their values unchanged per step and the run learns almost nothing
 (tests/coevo/train/test_policy.py measures both). Compute runs in bf16 under autocast on a
-single CUDA device that supports it (`<role>.bf16_autocast`); on the CPU it stays plain fp32.
+single CUDA device that supports it (`<role>.bf16_autocast`). On the CPU it stays plain fp32
+unless `<role>.cpu_bf16_autocast` asks for bf16 and the CPU has bf16 instructions (avx512_bf16 or
+amx_bf16; without them torch emulates bf16 far slower than fp32, so the key is then ignored with a
+warning). The HF engine generates under the same context; a vLLM engine keeps its fp32 copy.
 Frozen policies and the KL reference are never stepped, so they may hold bf16 weights; so may
 the frozen base of a LoRA policy (`<role>.lora.rank > 0`), whose trainable adapter is fp32.
 """
 from __future__ import annotations
 
 import contextlib
+import functools
+import logging
+from pathlib import Path
 from typing import Any, ContextManager
 
 import torch
+
+LOG = logging.getLogger("coevo.precision")
+BF16_CPU_FLAGS = ("avx512_bf16", "amx_bf16")
+
+
+def cpu_flags(cpuinfo: str = "/proc/cpuinfo") -> frozenset[str]:
+    """The flags of the first CPU listed in `cpuinfo` (empty where it cannot be read)."""
+    try:
+        text = Path(cpuinfo).read_text()
+    except OSError:
+        return frozenset()
+    line = next((ln for ln in text.splitlines() if ln.startswith("flags")), "")
+    return frozenset(line.partition(":")[2].split())
+
+
+@functools.lru_cache(maxsize=1)
+def cpu_native_bf16() -> bool:
+    """Whether this machine's CPU has bf16 instructions (`BF16_CPU_FLAGS`)."""
+    return bool(cpu_flags().intersection(BF16_CPU_FLAGS))
 
 
 def check_trainable_dtype(model: torch.nn.Module, role: str, frozen: bool) -> None:
@@ -29,15 +54,34 @@ def check_trainable_dtype(model: torch.nn.Module, role: str, frozen: bool) -> No
 
 
 def bf16_compute(cfg: Any, device: torch.device) -> bool:
-    """Whether this policy's forward passes run in bf16: `bf16_autocast` on a CUDA device with bf16 support."""
+    """Whether this policy's forward passes run in bf16: `bf16_autocast` on a CUDA device with bf16 support,
+    or `cpu_bf16_autocast` on a CPU with bf16 instructions."""
+    if device.type == "cpu":
+        return cpu_bf16(cfg)
     return (bool(getattr(cfg, "bf16_autocast", False)) and device.type == "cuda"
             and torch.cuda.is_available() and torch.cuda.is_bf16_supported())
 
 
+def cpu_bf16(cfg: Any) -> bool:
+    """`cpu_bf16_autocast` where the CPU has bf16 instructions; asked for on a CPU without them, a warning."""
+    if not getattr(cfg, "cpu_bf16_autocast", False):
+        return False
+    if cpu_native_bf16():
+        return True
+    _warn_no_cpu_bf16()
+    return False
+
+
+@functools.lru_cache(maxsize=1)
+def _warn_no_cpu_bf16() -> None:  # once per process, not once per forward pass
+    LOG.warning("cpu_bf16_autocast=true ignored: this CPU has none of %s (torch would emulate bf16, slower "
+                "than fp32); computing in fp32", "/".join(BF16_CPU_FLAGS))
+
+
 def compute_context(cfg: Any, device: torch.device) -> ContextManager:
-    """bf16 autocast for forward passes (`bf16_compute`), else nothing: the weights' own dtype (fp32 on CPU)."""
+    """bf16 autocast for forward passes (`bf16_compute`), else nothing: the weights' own dtype."""
     if bf16_compute(cfg, device):
-        return torch.autocast("cuda", dtype=torch.bfloat16)
+        return torch.autocast(device.type, dtype=torch.bfloat16)
     return contextlib.nullcontext()
 
 

@@ -199,7 +199,8 @@ AFTER_RUN5 = ["proposer.curriculum.enabled=true", "evidence.retrievable=true",
               # the step-time settings (vLLM rollouts inside the memory estimate)
               "rollout=vllm", "solver.gradient_checkpointing=true", "ranker.gradient_checkpointing=true",
               "proposer.max_prompt_tokens=512", "ranker.max_prompt_tokens=768",
-              "evidence.open_question=true"]  # after run 7
+              "evidence.open_question=true",  # after run 7
+              "proposer.cpu_bf16_autocast=true", "solver.cpu_bf16_autocast=true", "ranker.cpu_bf16_autocast=true"]
 
 
 def test_small_learning_preset_is_run_5s_configuration():

@@ -14,6 +14,7 @@ from coevo.core.config import PolicyConfig
 from coevo.core.grpo import k3_kl, sequence_token_logprobs
 from coevo.core.stages import STAGE_FILE_ENV
 from coevo.core.types import SamplingParams, TrainSequence
+from coevo.train import precision
 from coevo.train.allocator import pin_mmap_threshold
 from coevo.train.engines import build_engine
 from coevo.train.engines.hf import HFEngine
@@ -392,11 +393,13 @@ def _distinct_batch(tok) -> list[TrainSequence]:  # noqa: ANN001
             for g, a in zip(gens, [1.0, -1.0, 1.0, -1.0])]
 
 
-def test_update_raises_positive_and_lowers_negative_advantage_sequences(tiny) -> None:
+@pytest.mark.parametrize("cpu_bf16", [False, True])
+def test_update_raises_positive_and_lowers_negative_advantage_sequences(tiny, cpu_bf16, monkeypatch) -> None:
     model, tok = tiny
     batch = _distinct_batch(tok)
+    monkeypatch.setattr(precision, "cpu_native_bf16", lambda: True)  # autocast runs (emulated) on any CPU
     # micro-batches of 3 over 4 lengths: sorting must keep each advantage with its sequence
-    policy = Policy(_cfg(micro_batch_size=3, grad_clip=0.0), model, tok)
+    policy = Policy(_cfg(micro_batch_size=3, grad_clip=0.0, cpu_bf16_autocast=cpu_bf16), model, tok)
     _use_sgd(policy, lr=0.05)
     before = _masked_logprob_sums(policy.model, batch)
     policy.update(batch)
@@ -484,6 +487,29 @@ def test_cpu_compute_is_plain_fp32(tiny) -> None:
     with policy.compute():
         logits = policy.model(input_ids=ids).logits
     assert policy.device.type == "cpu" and logits.dtype == torch.float32 and not torch.is_autocast_enabled()
+
+
+@pytest.mark.parametrize("native", [True, False])
+def test_cpu_bf16_autocast_computes_in_bf16_only_where_the_cpu_has_it(tiny, native, monkeypatch, caplog) -> None:
+    model, tok = tiny
+    monkeypatch.setattr(precision, "cpu_native_bf16", lambda: native)
+    precision._warn_no_cpu_bf16.cache_clear()  # the warning is said once per process
+    policy = Policy(_cfg(cpu_bf16_autocast=True), model, tok)
+    ids = torch.tensor([_ids(tok, "what is the answer ?")])
+    for _ in range(2):
+        with policy.compute():
+            logits = policy.model(input_ids=ids).logits
+    assert logits.dtype == (torch.bfloat16 if native else torch.float32)
+    assert next(policy.model.parameters()).dtype == torch.float32  # master weights stay fp32
+    warnings = [r for r in caplog.records if "cpu_bf16_autocast=true ignored" in r.getMessage()]
+    assert len(warnings) == (0 if native else 1)
+
+
+def test_cpu_flags_are_read_from_cpuinfo(tmp_path) -> None:
+    info = tmp_path / "cpuinfo"
+    info.write_text("processor\t: 0\nflags\t\t: fpu avx2 avx512_bf16\n\nprocessor\t: 1\nflags\t\t: fpu\n")
+    assert precision.cpu_flags(str(info)) == {"fpu", "avx2", "avx512_bf16"}
+    assert precision.cpu_flags(str(tmp_path / "absent")) == frozenset()
 
 
 def test_proposer_prompt_over_its_budget_fails_naming_the_key(tiny) -> None:

@@ -43,6 +43,7 @@ from collections import Counter
 from pathlib import Path
 from typing import Any, Optional, Sequence
 
+from bench import split_overrides
 from coevo.core.io import atomic_write_text
 from coevo.core.scoring import echoes, normalize_answer
 from coevo.core.stats import mean
@@ -138,8 +139,7 @@ def failures(cells: Sequence[dict[str, Any]]) -> list[str]:
 
 
 def parse_args(argv: Sequence[str]) -> argparse.Namespace:
-    argv = list(argv)
-    cut = argv.index("--") if "--" in argv else len(argv)
+    options, overrides = split_overrides(argv)
     p = argparse.ArgumentParser(prog="python -m bench.capacity", description=__doc__,
                                 formatter_class=argparse.RawDescriptionHelpFormatter)
     p.add_argument("--limit", type=int, default=70, help="questions per dataset")
@@ -150,8 +150,8 @@ def parse_args(argv: Sequence[str]) -> argparse.Namespace:
     p.add_argument("--rollout", choices=("vllm", "hf"), default="vllm")
     p.add_argument("--out", type=Path, default=None, help="default runs/capacity-<stamp>")
     p.add_argument("--timeout", type=float, default=3600.0, help="seconds per cell")
-    args = p.parse_args(argv[:cut])
-    args.overrides = argv[cut + 1:]
+    args = p.parse_args(options)
+    args.overrides = overrides
     args.modes = [m for m in args.modes.split(",") if m]
     if not args.modes or any(m not in MODES for m in args.modes):
         p.error(f"--modes: expected a comma-separated subset of {','.join(MODES)}")

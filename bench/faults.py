@@ -84,6 +84,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Optional, Sequence
 
+from bench import split_overrides
 from bench.faults_check import EventFileLoader, check_run_dir, parse_jsonl
 from bench.faults_procs import engine_processes, orphans_after, run_tokens
 from coevo.core.events import EVENTS_NAME, READY, STEP, read_events
@@ -370,9 +371,7 @@ def summarize(runs: list[dict[str, Any]], kills: list[dict[str, Any]], wall_s: f
 
 
 def parse_args(argv: Sequence[str]) -> argparse.Namespace:
-    argv = list(argv)
-    overrides = argv[argv.index("--") + 1:] if "--" in argv else []
-    argv = argv[:argv.index("--")] if "--" in argv else argv
+    argv, overrides = split_overrides(argv)
     p = argparse.ArgumentParser(prog="python -m bench.faults", description=__doc__.split("\n")[0])
     p.add_argument("--mode", choices=MODES, default="local", help="which runs (module docstring)")
     p.add_argument("--target", choices=TARGETS, default="driver", help="what to SIGKILL: the driver or one actor")

@@ -10,17 +10,10 @@ import time
 from pathlib import Path
 from typing import Sequence
 
-from coevo.core.lifetime import TOKENS_ENV, Proc, carries_token, descendants, kill, process_table
+from coevo.core.lifetime import TOKENS_ENV, Proc, carries_token, descendants, kill, process_table, read_proc_file
 
 ORPHAN_GRACE_S = 30.0
 ENGINE_PREFIX = b"VLLM::"  # the command lines vLLM gives its EngineCore and Worker processes
-
-
-def read_bytes(path: str) -> bytes:
-    try:
-        return Path(path).read_bytes()
-    except OSError:  # gone, or another user's process
-        return b""
 
 
 def names_run_dir(cmdline: bytes, run_dir: Path) -> bool:
@@ -33,7 +26,7 @@ def run_tokens(pids: Sequence[int], own: set[str]) -> set[str]:
     """The reaper tokens the processes `pids` carry, but the benchmark's own (`own`)."""
     tokens: set[str] = set()
     for pid in pids:
-        for entry in read_bytes(f"/proc/{pid}/environ").split(b"\0"):
+        for entry in read_proc_file(f"/proc/{pid}/environ").split(b"\0"):
             if entry.startswith(TOKENS_ENV.encode() + b"="):
                 tokens.update(t for t in entry.decode().partition("=")[2].split(":") if t)
     return tokens - own
@@ -41,7 +34,7 @@ def run_tokens(pids: Sequence[int], own: set[str]) -> set[str]:
 
 def engine_processes(pids: Sequence[int]) -> int:
     """How many of `pids` are vLLM engine processes (EngineCore, Worker)."""
-    return sum(read_bytes(f"/proc/{pid}/cmdline").startswith(ENGINE_PREFIX) for pid in pids)
+    return sum(read_proc_file(f"/proc/{pid}/cmdline").startswith(ENGINE_PREFIX) for pid in pids)
 
 
 def survivors(tracked: dict[int, Proc], tokens: set[str], run_dir: Path) -> dict[int, Proc]:
@@ -50,7 +43,7 @@ def survivors(tracked: dict[int, Proc], tokens: set[str], run_dir: Path) -> dict
     mine = descendants(table, [os.getpid()]) | {os.getpid()}
     alive = {pid: table[pid] for pid, p in tracked.items() if pid in table and table[pid].start == p.start}
     alive.update({pid: p for pid, p in table.items() if any(carries_token(pid, t) for t in tokens)
-                  or names_run_dir(read_bytes(f"/proc/{pid}/cmdline"), run_dir)})
+                  or names_run_dir(read_proc_file(f"/proc/{pid}/cmdline"), run_dir)})
     return {pid: p for pid, p in alive.items() if pid not in mine}
 
 
@@ -59,7 +52,7 @@ def orphans_after(ended: float, tracked: dict[int, Proc], tokens: set[str], run_
     """`"<pid> <name>"` of each process of the driver still alive `grace_s` after it ended (then killed)."""
     while (left := survivors(tracked, tokens, run_dir)) and time.monotonic() < ended + grace_s:
         time.sleep(0.5)
-    names = [f"{pid} {read_bytes(f'/proc/{pid}/comm').decode(errors='replace').strip()}" for pid in sorted(left)]
+    names = [f"{pid} {read_proc_file(f'/proc/{pid}/comm').decode(errors='replace').strip()}" for pid in sorted(left)]
     for proc in left.values():
         kill(proc)
     return names

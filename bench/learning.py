@@ -70,6 +70,7 @@ from collections import deque
 from pathlib import Path
 from typing import Any, Optional, Sequence
 
+from bench import split_overrides
 from coevo.core.io import atomic_write_text
 from coevo.evaluate.report import load_run
 from coevo.evaluate.series import extract_series  # the per-step series, shared with coevo.inspect
@@ -266,8 +267,7 @@ def plot(arms: dict[str, dict], path: Path, title: str = "") -> None:
 
 def parse_args(argv: Sequence[str]) -> argparse.Namespace:
     """Options before `--`; everything after it is Hydra overrides for both arms (and their eval)."""
-    argv = list(argv)
-    cut = argv.index("--") if "--" in argv else len(argv)
+    options, overrides = split_overrides(argv)
     parser = argparse.ArgumentParser(prog="python -m bench.learning", description=__doc__,
                                      formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--steps", type=int, default=4, help="co-evolution steps per arm")
@@ -286,8 +286,8 @@ def parse_args(argv: Sequence[str]) -> argparse.Namespace:
     parser.add_argument("--arm-timeout", type=float, default=None, help="seconds per run and per eval")
     parser.add_argument("--parallel", action="store_true",
                         help="run the two arms (and their evals) at the same time instead of one after the other")
-    args = parser.parse_args(argv[:cut])
-    args.overrides = argv[cut + 1:]
+    args = parser.parse_args(options)
+    args.overrides = overrides
     if args.steps < 1 or args.eval_limit < 0:
         parser.error("--steps must be >= 1 and --eval-limit >= 0")
     args.out = (args.out or Path("runs") / f"learning-{time.strftime('%Y%m%d-%H%M%S')}").resolve()

@@ -13,7 +13,6 @@ import logging
 import sys
 from typing import Any, Optional
 
-import hydra
 from omegaconf import DictConfig
 
 from coevo.core.cli import hydra_entry
@@ -22,7 +21,7 @@ from coevo.evaluate.harness import run_eval, to_eval_object
 from coevo.evaluate.metrics import compare_files, format_table, result_title
 from coevo.orchestrate.persist import error_line
 from coevo.orchestrate.stack import model_roles
-from coevo.startup import Command, start
+from coevo.startup import Command, hydra_main
 from coevo.train.preflight import check_devices, check_models
 
 register_schema()
@@ -65,10 +64,7 @@ COMMAND: Command[EvalRootConfig] = Command(
     prog="coevo.eval", validate=to_eval_object, checks=_checks, roles=_roles, run=_real_run)
 
 
-@hydra.main(config_path="../configs", config_name="eval", version_base="1.3")
-def _hydra_main(dcfg: DictConfig) -> None:
-    """Hydra's entry: `coevo.startup.start` (checks, then the dry-run plan or the evaluation)."""
-    start(COMMAND, dcfg)
+_hydra_main = hydra_main(COMMAND, "eval")
 
 
 def main(argv: Optional[list[str]] = None) -> None:

@@ -20,7 +20,6 @@ import time
 from pathlib import Path
 from typing import Optional
 
-import hydra
 from omegaconf import DictConfig
 
 from coevo.core.cli import hydra_entry
@@ -41,12 +40,11 @@ from coevo.orchestrate.persist import (
     open_metrics,
     open_run,
     restore,
-    run_and_report,
     save_step,
 )
 from coevo.orchestrate.stack import model_roles
 from coevo.orchestrate.timing import breakdown_line
-from coevo.startup import Command, start
+from coevo.startup import Command, hydra_main
 from proposer.curriculum import CurriculumState
 
 register_schema()
@@ -110,20 +108,9 @@ def _loop(cfg: CoevoConfig, run_dir: Path, actors, questions: list[str], metrics
             say(breakdown_line(m["time_s"], m["tokens"], write_s, wall))
 
 
-def _real_run(cfg: CoevoConfig, dcfg: DictConfig) -> None:
-    """`train` with its done report: the lock on run.dir, run.log, the checks (`open_run`), then the steps."""
-    run_and_report("coevo.run", Path(cfg.run.dir), lambda: train(cfg, dcfg))
-
-
 COMMAND: Command[CoevoConfig] = Command(
-    prog="coevo.run", validate=to_object, checks=dry_run_checks, roles=model_roles, run=_real_run, owns_run_dir=True)
-
-
-@hydra.main(config_path="../configs", config_name="coevo", version_base="1.3")
-def main(dcfg: DictConfig) -> None:
-    """Hydra's entry: `coevo.startup.start` (checks, then the dry-run plan or the run)."""
-    start(COMMAND, dcfg)
-
+    prog="coevo.run", validate=to_object, checks=dry_run_checks, roles=model_roles, run=train, owns_run_dir=True)
+main = hydra_main(COMMAND, "coevo")
 
 if __name__ == "__main__":
     hydra_entry(main, "coevo", to_object)

@@ -12,17 +12,12 @@ coevo/startup.py's, shared with coevo.run and coevo.eval.
 """
 from __future__ import annotations
 
-from pathlib import Path
-
-import hydra
-from omegaconf import DictConfig
-
 from coevo.core.cli import hydra_entry
 from coevo.core.config import SolveRootConfig, register_schema
-from coevo.orchestrate.persist import dry_run_checks, run_and_report
+from coevo.orchestrate.persist import dry_run_checks
 from coevo.orchestrate.solve_loop import run_solve, to_solve_object
 from coevo.orchestrate.stack import model_roles
-from coevo.startup import Command, start
+from coevo.startup import Command, hydra_main
 
 register_schema()
 
@@ -37,20 +32,9 @@ def _roles(cfg: SolveRootConfig) -> tuple[str, ...]:
     return model_roles(cfg, proposer=False)
 
 
-def _real_run(cfg: SolveRootConfig, dcfg: DictConfig) -> None:
-    """`run_solve` with its done report: the lock on run.dir, run.log, the checks (`open_run`), then the steps."""
-    run_and_report("coevo.solve", Path(cfg.run.dir), lambda: run_solve(cfg, dcfg))
-
-
 COMMAND: Command[SolveRootConfig] = Command(
-    prog="coevo.solve", validate=to_solve_object, checks=_checks, roles=_roles, run=_real_run, owns_run_dir=True)
-
-
-@hydra.main(config_path="../configs", config_name="solve", version_base="1.3")
-def main(dcfg: DictConfig) -> None:
-    """Hydra's entry: `coevo.startup.start` (checks, then the dry-run plan or the run)."""
-    start(COMMAND, dcfg)
-
+    prog="coevo.solve", validate=to_solve_object, checks=_checks, roles=_roles, run=run_solve, owns_run_dir=True)
+main = hydra_main(COMMAND, "solve")
 
 if __name__ == "__main__":
     hydra_entry(main, "solve", to_solve_object)

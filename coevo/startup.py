@@ -7,7 +7,8 @@ In this order, for every command:
    the training commands: every model located, the GPU plan, visible GPUs, a large corpus's indexes,
    the memory estimate; their dry runs first ask whether run.dir could be claimed, `persist.dry_run_checks`), then
 4. `dry_run=true`: the plan, i.e. the loaded stack (`format_summary`), printed; exit 0.
-   Otherwise: the real run, `command.run(cfg, dcfg)`.
+   Otherwise: the real run, `command.run(cfg, dcfg)`; a command that owns a run directory runs it inside
+   `persist.run_and_report` (its done report, its exit codes).
 A failed check ends the command as the real run ends on it: one line `<prog>: error: ...`, exit 2
 (run.dir, the model preflight, GPUs, a missing index), or the memory budget's message, exit 1. No model,
 tokenizer or hub download starts before the checks pass, dry run or not.
@@ -21,14 +22,16 @@ from __future__ import annotations
 
 import sys
 from dataclasses import dataclass
+from pathlib import Path
 from typing import Any, Callable, Generic, TypeVar
 
+import hydra
 from omegaconf import DictConfig
 
 from coevo.core.config import CoevoConfig
 from coevo.core.console import report_error, setup_logging
 from coevo.core.lifetime import ensure_reaper
-from coevo.orchestrate.persist import REFUSALS
+from coevo.orchestrate.persist import REFUSALS, run_and_report
 from coevo.orchestrate.stack import format_summary, load_stack_summary
 from coevo.train.memory import MemoryBudgetError
 
@@ -45,14 +48,15 @@ class Command(Generic[C]):
         IndexNotBuilt or MemoryBudgetError); loads nothing and downloads nothing.
     roles: the roles whose models the dry run's plan loads, for a config.
     run: the real run (it ends the process with its own exit code on failure).
-    owns_run_dir: the real run claims run.dir and makes `checks` itself once it holds it (see the module doc).
+    owns_run_dir: the real run claims run.dir and makes `checks` itself once it holds it (see the module doc);
+        `start` runs it inside `run_and_report` (the done report, the exit codes of a stopped run).
     """
 
     prog: str
     validate: Callable[[DictConfig], C]
     checks: Callable[[C], Any]
     roles: Callable[[C], tuple[str, ...]]
-    run: Callable[[C, DictConfig], None]
+    run: Callable[[C, DictConfig], object]
     owns_run_dir: bool = False
 
 
@@ -90,4 +94,17 @@ def start(command: Command[C], dcfg: DictConfig) -> None:
     if cfg.dry_run:
         print(dry_run_plan(cfg, command.roles(cfg)), flush=True)
         return
-    command.run(cfg, dcfg)
+    if command.owns_run_dir:
+        run_and_report(command.prog, Path(cfg.run.dir), lambda: command.run(cfg, dcfg))
+    else:
+        command.run(cfg, dcfg)
+
+
+def hydra_main(command: Command[C], config_name: str) -> Callable[[], None]:
+    """The `@hydra.main` function of `command` over `configs/<config_name>.yaml`: it calls `start`."""
+
+    @hydra.main(config_path="../configs", config_name=config_name, version_base="1.3")
+    def main(dcfg: DictConfig) -> None:
+        start(command, dcfg)
+
+    return main

@@ -111,7 +111,8 @@ def descendants(table: dict[int, Proc], roots: Iterable[int]) -> set[int]:
     return found
 
 
-def _read(path: str) -> bytes:
+def read_proc_file(path: str) -> bytes:
+    """The bytes of a /proc file; b"" when the process is gone or belongs to another user."""
     try:
         return Path(path).read_bytes()
     except OSError:  # gone, or another user's process
@@ -121,7 +122,7 @@ def _read(path: str) -> bytes:
 def carries_token(pid: int, token: str) -> bool:
     """Whether process `pid` started with `token` among its TOKENS_ENV tokens."""
     prefix = TOKENS_ENV.encode() + b"="
-    for entry in _read(f"/proc/{pid}/environ").split(b"\0"):
+    for entry in read_proc_file(f"/proc/{pid}/environ").split(b"\0"):
         if entry.startswith(prefix):
             return token.encode() in entry[len(prefix):].split(b":")
     return False
@@ -208,7 +209,7 @@ def await_shutdown(token: str, tracked: dict[int, Proc], grace_s: float = SHUTDO
 def _lingers(pid: int) -> bool:
     """Processes that exit by themselves once the others are gone, after useful cleanup: the
     resource tracker unlinks leaked shared memory, a nested reaper deletes its owner's paths."""
-    cmdline = _read(f"/proc/{pid}/cmdline")
+    cmdline = read_proc_file(f"/proc/{pid}/cmdline")
     return any(marker in cmdline for marker in _LINGERING)
 
 
@@ -231,7 +232,7 @@ def reap(token: str, tracked: dict[int, Proc], rounds: int = KILL_ROUNDS, pause_
         if time.monotonic() < deadline:
             victims -= {pid for pid in victims if _lingers(pid)}
         for pid in sorted(victims):
-            name = _read(f"/proc/{pid}/comm").decode(errors="replace").strip()
+            name = read_proc_file(f"/proc/{pid}/comm").decode(errors="replace").strip()
             if kill(table[pid]):  # a process still exiting from the last sweep is signalled again
                 killed.setdefault(pid, name)
         time.sleep(pause_s)
@@ -241,7 +242,7 @@ def reap(token: str, tracked: dict[int, Proc], rounds: int = KILL_ROUNDS, pause_
 def remove_registered(token: str) -> None:
     """Delete every path registered for `token` (`remove_on_exit`), then the list itself."""
     listing = paths_file(token)
-    for path in dict.fromkeys(_read(str(listing)).decode(errors="replace").splitlines()):
+    for path in dict.fromkeys(read_proc_file(str(listing)).decode(errors="replace").splitlines()):
         if os.path.isdir(path) and not os.path.islink(path):
             shutil.rmtree(path, ignore_errors=True)
         elif path:

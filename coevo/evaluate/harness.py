@@ -37,7 +37,7 @@ from typing import Any, Optional, Sequence
 
 from omegaconf import DictConfig
 
-from coevo.core.config import EvalRootConfig, compose, to_object
+from coevo.core.config import EvalRootConfig, to_object
 from coevo.core.inputs import LabelledQuestion, load_labelled_questions
 from coevo.core.io import atomic_write_text
 from coevo.core.progress import Progress
@@ -83,11 +83,6 @@ def to_eval_object(dcfg: DictConfig) -> EvalRootConfig:
     assert isinstance(obj, EvalRootConfig)
     validate_eval(obj)
     return obj
-
-
-def compose_eval(overrides: Sequence[str] = ()) -> EvalRootConfig:
-    """`configs/eval.yaml` + overrides, typed and validated (tests, notebooks)."""
-    return to_eval_object(compose(list(overrides), config_name="eval"))
 
 
 # ---- questions ------------------------------------------------------------------------------

@@ -15,7 +15,16 @@ from pathlib import Path
 
 import pytest
 
-from coevo.core.lifetime import TOKENS_ENV, Proc, descendants, kill, paths_file, process_table, read_proc
+from coevo.core.lifetime import (
+    TOKENS_ENV,
+    Proc,
+    descendants,
+    kill,
+    paths_file,
+    process_table,
+    read_proc,
+    read_proc_file,
+)
 
 pytestmark = pytest.mark.slow
 ROOT = Path(__file__).resolve().parents[2]
@@ -24,7 +33,7 @@ TINY_ENGINES = ["experiment=smoke", "rollout=vllm", "run.memory_check=false",
 
 
 def _cmdline(pid: int) -> bytes:
-    return _read(f"/proc/{pid}/cmdline")
+    return read_proc_file(f"/proc/{pid}/cmdline")
 
 
 def _alive(proc: Proc) -> bool:
@@ -50,7 +59,7 @@ def _tokens(pids) -> set[str]:  # noqa: ANN001
     """The reaper tokens the processes `pids` carry."""
     tokens = set()
     for pid in pids:
-        for entry in _read(f"/proc/{pid}/environ").split(b"\0"):
+        for entry in read_proc_file(f"/proc/{pid}/environ").split(b"\0"):
             if entry.startswith(TOKENS_ENV.encode() + b"="):
                 tokens.update(t for t in entry.decode().partition("=")[2].split(":") if t)
     return tokens
@@ -58,14 +67,7 @@ def _tokens(pids) -> set[str]:  # noqa: ANN001
 
 def _registered_paths(tree: dict[int, Proc]) -> set[str]:
     """Paths the run's processes asked their reapers to delete (the engines' tmpfs staging directories)."""
-    return {line for t in _tokens(tree) for line in _read(str(paths_file(t))).decode().splitlines()}
-
-
-def _read(path: str) -> bytes:
-    try:
-        return Path(path).read_bytes()
-    except OSError:
-        return b""
+    return {line for t in _tokens(tree) for line in read_proc_file(str(paths_file(t))).decode().splitlines()}
 
 
 

@@ -128,7 +128,7 @@ def _fake_command(calls: list[str], owns_run_dir: bool, fail: BaseException | No
 @pytest.mark.parametrize("dry_run, owns_run_dir, expected", [
     (True, True, ["reaper", "checks", "plan"]),  # a training command's dry run: the checks here, then the plan
     (True, False, ["reaper", "checks", "plan"]),
-    (False, True, ["reaper", "run"]),  # its real run makes them in open_run, holding run.dir
+    (False, True, ["reaper", "report", "run"]),  # its real run makes them in open_run, holding run.dir
     (False, False, ["reaper", "checks", "run"]),  # eval: the checks here, then the evaluation
 ])
 def test_start_checks_before_the_plan_or_the_run(dry_run, owns_run_dir, expected, monkeypatch):
@@ -136,7 +136,8 @@ def test_start_checks_before_the_plan_or_the_run(dry_run, owns_run_dir, expected
     monkeypatch.setattr(startup, "ensure_reaper", lambda: calls.append("reaper"))
     monkeypatch.setattr(startup, "setup_logging", lambda level: None)
     monkeypatch.setattr(startup, "dry_run_plan", lambda cfg, roles: calls.append("plan") or "PLAN")
-    cfg = SimpleNamespace(dry_run=dry_run, log=SimpleNamespace(level="info"))
+    monkeypatch.setattr(startup, "run_and_report", lambda prog, run_dir, body: calls.append("report") or body())
+    cfg = SimpleNamespace(dry_run=dry_run, log=SimpleNamespace(level="info"), run=SimpleNamespace(dir="runs/x"))
     startup.start(_fake_command(calls, owns_run_dir), cfg)
     assert calls == expected
 

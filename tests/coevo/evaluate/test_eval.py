@@ -14,10 +14,18 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
+from coevo.core.config import compose
 from coevo.core.inputs import load_labelled_questions
 from coevo.core.types import Completion
 from coevo.eval import main
-from coevo.evaluate.harness import EvalStack, _observed, compose_eval, run_eval, select_questions, single_turn_messages
+from coevo.evaluate.harness import (
+    EvalStack,
+    _observed,
+    run_eval,
+    select_questions,
+    single_turn_messages,
+    to_eval_object,
+)
 from coevo.evaluate.metrics import (
     aggregate,
     extract_answer,
@@ -35,6 +43,11 @@ REPO = Path(__file__).resolve().parents[3]
 
 
 # ---- aggregation by hand ---------------------------------------------------------------------
+
+def compose_eval(overrides=()):
+    """`configs/eval.yaml` + overrides, typed and validated."""
+    return to_eval_object(compose(list(overrides), config_name="eval"))
+
 
 def _search(shown, observed=True, format_ok=True):
     call = RankerCall(q0="q0", sub_query="q", task_id="t", rollout_idx=0, turn=0, mode="frozen",

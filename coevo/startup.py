@@ -28,7 +28,7 @@ from typing import Any, Callable, Generic, TypeVar
 import hydra
 from omegaconf import DictConfig
 
-from coevo.core.config import CoevoConfig
+from coevo.core.config import CONFIG_DIR, CoevoConfig
 from coevo.core.console import report_error, setup_logging
 from coevo.core.lifetime import ensure_reaper
 from coevo.orchestrate.persist import REFUSALS, run_and_report
@@ -103,7 +103,7 @@ def start(command: Command[C], dcfg: DictConfig) -> None:
 def hydra_main(command: Command[C], config_name: str) -> Callable[[], None]:
     """The `@hydra.main` function of `command` over `configs/<config_name>.yaml`: it calls `start`."""
 
-    @hydra.main(config_path="../configs", config_name=config_name, version_base="1.3")
+    @hydra.main(config_path=CONFIG_DIR, config_name=config_name, version_base="1.3")
     def main(dcfg: DictConfig) -> None:
         start(command, dcfg)
 

@@ -7,9 +7,9 @@
 - the model stays in eval mode throughout: RL ratios must compare the same deterministic
   function that generated the tokens, so dropout stays off while gradients still flow;
 - log-probs are those of the raw model (no temperature), matching `HFEngine` logprobs;
-- precision (coevo/train/precision.py): a trainable policy holds fp32 weights and AdamW state
-  (bf16 ones are refused), its forward passes run in bf16 under autocast on a CUDA device
-  with bf16 (`bf16_autocast`), in fp32 on the CPU; the loss math is fp32 everywhere;
+- precision (coevo/train/precision.py): fp32 weights and AdamW state (bf16 ones refused), forward
+  passes in bf16 under autocast where `bf16_autocast` (CUDA) or `cpu_bf16_autocast` (a CPU with bf16
+  instructions) applies, else fp32; loss math in fp32; engine log-probs of another precision unused;
 - compute: the LM head runs only on loss-masked positions (`sequence_token_logprobs`'s
   `positions`), and with one epoch missing old log-probs are the trained forward's own,
   detached (on-policy: ratio 1 at the only step), so an update costs one forward + backward;
@@ -36,6 +36,7 @@
 from __future__ import annotations
 
 import copy
+import dataclasses
 import time
 from pathlib import Path
 from typing import Callable, ContextManager, Optional
@@ -48,14 +49,13 @@ from coevo.core.grpo import clipped_surrogate_loss, k3_kl, masked_mean, sequence
 from coevo.core.io import atomic_dir
 from coevo.core.stages import stage
 from coevo.core.types import Completion, GenerationEngine, SamplingParams, TrainSequence
-from coevo.train import batching
+from coevo.train import batching, precision
 from coevo.train.allocator import pin_mmap_threshold
 from coevo.train.batching import FixedLogprobs, MicroBatch, PreparedBatch, loss_token_counts
 from coevo.train.checkpoint import OPTIMIZER_FILE
 from coevo.train.engines import build_engine
 from coevo.train.lora import apply_lora, hf_model, is_adapter_dir, load_adapter_weights
 from coevo.train.models import load_model_and_tokenizer
-from coevo.train.precision import allocate_optimizer_state, bf16_compute, check_trainable_dtype, compute_context
 from coevo.train.preflight import require_gpus
 from coevo.train.recompute import enable_gradient_checkpointing, train_mode
 
@@ -87,7 +87,7 @@ class Policy:
             enable_gradient_checkpointing(model, role)  # on the HF model, before peft wraps it
         if self.lora:
             model = apply_lora(model, cfg.lora, role)
-        check_trainable_dtype(model, role, self.frozen)
+        precision.check_trainable_dtype(model, role, self.frozen)
         self.model = model.eval()
         self.scorer = TokenLogprobs(hf_model(self.model))
         self.tokenizer = tokenizer
@@ -103,7 +103,7 @@ class Policy:
             pin_mmap_threshold()
             if self.has_reference and not self.lora:
                 self.ref_model = copy.deepcopy(model).eval().requires_grad_(False)
-                if bf16_compute(cfg, self.device):  # never stepped: bf16 halves it and computes as the policy does
+                if precision.bf16_compute(cfg, self.device):  # never stepped: bf16 halves it, computes as the policy
                     self.ref_model.to(torch.bfloat16)
             if optimizer_now:
                 self.build_optimizer()
@@ -115,7 +115,7 @@ class Policy:
         params = [p for p in self.model.parameters() if p.requires_grad]
         self.optimizer = torch.optim.AdamW(params, lr=self.cfg.lr, weight_decay=self.cfg.weight_decay)
         # Moments now, not at this role's first training group: the process reaches its size at start.
-        allocate_optimizer_state(self.optimizer)
+        precision.allocate_optimizer_state(self.optimizer)
 
     @classmethod
     def from_config(cls, cfg: PolicyConfig, role: str = "policy") -> "Policy":
@@ -173,12 +173,15 @@ class Policy:
 
     def compute(self) -> ContextManager:
         """Forward-pass precision: bf16 autocast over fp32 weights on a CUDA device with bf16, else plain."""
-        return compute_context(self.cfg, self.device)
+        return precision.compute_context(self.cfg, self.device)
 
     # ---- training ---------------------------------------------------------------------------
 
     def micro_batches(self, batch: list[TrainSequence]) -> list[list[TrainSequence]]:
-        """`batch` in micro-batches of `micro_batch_size` sequences (by prompt with `shared_prompt`)."""
+        """`batch` in micro-batches of `micro_batch_size` (by prompt with `shared_prompt`); engine log-probs
+        of another precision dropped (`precision.engine_logprobs_usable`): the policy's own are the old ones."""
+        if not precision.engine_logprobs_usable(self.cfg, self.device):
+            batch = [dataclasses.replace(s, old_logprobs=None) for s in batch]
         return batching.micro_batches(batch, self.cfg.micro_batch_size, self.shared_prompt)
 
     def micro_batch_tensors(self, seqs: list[TrainSequence]) -> MicroBatch:

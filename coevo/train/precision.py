@@ -94,6 +94,18 @@ def serving_dtype(cfg: Any, on_cpu: bool) -> str:
     return "bfloat16" if bf16 and getattr(cfg, "bf16_autocast", False) else str(cfg.dtype)
 
 
+def engine_logprobs_usable(cfg: Any, device: torch.device) -> bool:
+    """Whether the rollout engine's log-probs were computed in the update's precision, so that they can
+    be the update's old log-probs. The HF engine generates under `compute_context`: always. vLLM serves
+    `serving_dtype`: only when that is the dtype the update multiplies in. Under `cpu_bf16_autocast`
+    the CPU engine serves fp32 while the update runs bf16, and the ratio exp(bf16 - fp32 log-prob)
+    then differs from 1 before any step (run 8: the ranker's clip fraction 0.13-0.17 at one epoch)."""
+    if str(getattr(cfg.engine, "value", cfg.engine)) != "vllm":
+        return True
+    update_dtype = "bfloat16" if bf16_compute(cfg, device) else str(cfg.dtype)
+    return serving_dtype(cfg, device.type == "cpu") == update_dtype
+
+
 def allocate_optimizer_state(optimizer: torch.optim.Optimizer) -> None:
     """Create the optimizer's state now (AdamW's fp32 moments), exactly as its first step would.
 

@@ -82,6 +82,16 @@ def test_role_shapes_from_the_run_config_or_params(tmp_path):
                       "ranker": {"params": 5, "dtype": "bfloat16", "peak": "bf16"}}
 
 
+@pytest.mark.parametrize("native", [True, False])
+def test_cpu_bf16_autocast_is_held_to_the_bf16_peak_where_the_cpu_has_bf16(tmp_path, monkeypatch, native):
+    (tmp_path / "config.yaml").write_text("solver:\n  model: tiny-random\n  dtype: float32\n"
+                                          "  cpu_bf16_autocast: true\n")
+    monkeypatch.setattr(limits.precision, "cpu_native_bf16", lambda: native)
+    shapes = limits.role_shapes(tmp_path, {"solver"}, {"solver": 5}, "cpu")
+    assert shapes["solver"]["dtype"] == ("bfloat16" if native else "float32")
+    assert shapes["solver"]["peak"] == ("bf16" if native else "fp32")
+
+
 def test_pure_decode_ignores_eos_and_is_timed_by_rollout_throughput(monkeypatch):
     """PureDecode through bench/rollout.py's `throughput`, over a fake vLLM (importing vLLM takes ~15 s)."""
     vllm, inputs = types.ModuleType("vllm"), types.ModuleType("vllm.inputs")

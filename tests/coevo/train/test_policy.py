@@ -505,6 +505,21 @@ def test_cpu_bf16_autocast_computes_in_bf16_only_where_the_cpu_has_it(tiny, nati
     assert len(warnings) == (0 if native else 1)
 
 
+@pytest.mark.parametrize("engine, cpu_bf16, kept", [("hf", True, True), ("vllm", False, True), ("vllm", True, False)])
+def test_engine_logprobs_of_another_precision_are_not_the_old_ones(tiny, engine, cpu_bf16, kept, monkeypatch) -> None:
+    """A CPU vLLM engine serves fp32; under cpu_bf16_autocast the update's own bf16 log-probs are the old ones."""
+    model, tok = tiny
+    monkeypatch.setattr(precision, "cpu_native_bf16", lambda: True)
+    policy = Policy(_cfg(engine=engine, cpu_bf16_autocast=cpu_bf16), model, tok, engine=HFEngine(model, tok))
+    ids = _ids(tok, "what is the answer ?")
+    far_off = [0.0, 0.0] + [-30.0] * (len(ids) - 2)  # ratio e^(logp + 30): every token clipped if used
+    seq = TrainSequence(ids, [0, 0] + [1] * (len(ids) - 2), 1.0, far_off)
+    [[got]] = policy.micro_batches([seq])
+    assert (got.old_logprobs == far_off) if kept else got.old_logprobs is None
+    assert seq.old_logprobs == far_off  # the caller's sequence is left as it was
+    assert (policy.update([seq])["clip_frac"] == 0.0) == (not kept)
+
+
 def test_cpu_flags_are_read_from_cpuinfo(tmp_path) -> None:
     info = tmp_path / "cpuinfo"
     info.write_text("processor\t: 0\nflags\t\t: fpu avx2 avx512_bf16\n\nprocessor\t: 1\nflags\t\t: fpu\n")

@@ -73,7 +73,7 @@ def save_checkpoint(run_dir: Path, step: int, cursor: int, save_policy: Callable
 
 
 def file_digest(path: Path) -> str:
-    """SHA-256 of a file, read in 1 MiB chunks (the fastest hashlib digest here: ~0.7 GB/s on one core)."""
+    """SHA-256 of a file, read in 1 MiB chunks (the fastest hashlib digest here: ~1.5 GB/s on one core from the page cache)."""
     h = hashlib.sha256()
     with open(path, "rb") as f:
         while chunk := f.read(_CHUNK):

@@ -172,7 +172,7 @@ class Policy:
             return self.engine.generate([list(p) for p in prompts], sampling)
 
     def compute(self) -> ContextManager:
-        """Forward-pass precision: bf16 autocast over fp32 weights on a CUDA device with bf16, else plain."""
+        """Forward-pass precision: bf16 autocast over fp32 weights where `precision.bf16_compute` holds, else plain."""
         return precision.compute_context(self.cfg, self.device)
 
     # ---- training ---------------------------------------------------------------------------

@@ -222,19 +222,12 @@ def decode_rate(args: argparse.Namespace, batch: int) -> dict[str, Any]:
 
 # ---- stages of a run --------------------------------------------------------------------------
 
-def _autocast_bf16(block: Any, device: str) -> bool:
-    """Whether a role block's fp32 update multiplied in bf16 on `device` (precision.cpu_bf16's rule on a CPU)."""
-    if device.startswith("cuda"):
-        return bool(block.get("bf16_autocast"))
-    return bool(block.get("cpu_bf16_autocast")) and precision.cpu_native_bf16()
-
-
 def role_shapes(run_dir: Path, roles: set[str], params: dict[str, int], device: str) -> dict[str, dict[str, Any]]:
     """{role: {"params", "dtype", "peak"}} for the updated roles: `--params` first, else the run's config.yaml.
 
     The peak is the measured one of the dtype the update multiplies in: the role's dtype, or bf16 for
     fp32 weights under `bf16_autocast` on a CUDA device or `cpu_bf16_autocast` on a CPU with bf16
-    instructions (the run is taken to have run on this machine).
+    instructions: `precision.bf16_compute` (the run is taken to have run on this machine).
     """
     from omegaconf import OmegaConf
 
@@ -244,7 +237,7 @@ def role_shapes(run_dir: Path, roles: set[str], params: dict[str, int], device: 
     for role in sorted(roles):
         block = cfg.get(role) if cfg is not None else None
         dtype = str(block.get("dtype", "float32")) if block is not None else "float32"
-        if dtype == "float32" and block is not None and _autocast_bf16(block, device):
+        if dtype == "float32" and block is not None and precision.bf16_compute(block, torch.device(device)):
             dtype = "bfloat16"
         n = params.get(role)
         if n is None and block is not None:

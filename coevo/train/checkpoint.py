@@ -114,14 +114,20 @@ def _read_marker(checkpoint: Path) -> dict[str, dict[str, Any]]:
     return listed
 
 
-def _file_problem(path: Path, name: str, meta: dict[str, Any]) -> Optional[str]:
-    if not path.is_file():
-        return f"{name} is missing"
-    if path.stat().st_size != meta["size"]:
-        return f"{name} has {path.stat().st_size} bytes, the marker records {meta['size']}"
-    if file_digest(path) != meta["sha256"]:
-        return f"{name} does not match its checksum"
-    return None
+def _file_problems(checkpoint: Path, listed: dict[str, dict[str, Any]]) -> list[str]:
+    """What is wrong with each file the marker lists, in its order: missing, another size, or (the files
+    that pass both, hashed together by `file_digests`) another checksum."""
+    found: dict[str, Optional[str]] = {}
+    for name, meta in listed.items():
+        path = checkpoint / name
+        if not path.is_file():
+            found[name] = f"{name} is missing"
+        elif (size := path.stat().st_size) != meta["size"]:
+            found[name] = f"{name} has {size} bytes, the marker records {meta['size']}"
+    hashed = [name for name in listed if name not in found]
+    for name, digest in zip(hashed, file_digests([checkpoint / name for name in hashed])):
+        found[name] = None if digest == listed[name]["sha256"] else f"{name} does not match its checksum"
+    return [problem for name in listed if (problem := found[name])]
 
 
 def verify_checkpoint(checkpoint: Path) -> Optional[str]:
@@ -131,9 +137,7 @@ def verify_checkpoint(checkpoint: Path) -> Optional[str]:
         listed = _read_marker(checkpoint)
     except ValueError as e:
         return str(e)
-    with ThreadPoolExecutor(max_workers=os.cpu_count() or 1) as pool:  # hashing on every core, as file_digests
-        found = pool.map(lambda item: _file_problem(checkpoint / item[0], item[0], item[1]), listed.items())
-        problems = [p for p in found if p]
+    problems = _file_problems(checkpoint, listed)
     if not problems:
         try:
             state = read_state(checkpoint)

@@ -254,6 +254,16 @@ def test_when_no_checkpoint_verifies_there_is_none_to_resume(tmp_path):
     assert ckpt is None and [p.name for p, _ in skipped] == ["step_1", "step_0"]
 
 
+def test_every_damaged_file_is_named_in_the_marker_order(tmp_path):
+    ckpt = _save(tmp_path, 0)
+    state_size = (ckpt / "state.json").stat().st_size
+    (ckpt / "state.json").write_text("{}")  # another size
+    (ckpt / "solver" / "model.safetensors").write_bytes(b"abd")  # same size, another checksum
+    (ckpt / "solver" / "optimizer.pt").unlink()
+    assert verify_checkpoint(ckpt) == ("solver/model.safetensors does not match its checksum; solver/optimizer.pt "
+                                       f"is missing; state.json has 2 bytes, the marker records {state_size}")
+
+
 def test_a_checkpoint_saved_without_optimizer_state_never_verifies(tmp_path):
     ckpt = _save(tmp_path, 0, optimizer=False)
     assert verify_checkpoint(ckpt) == "it holds no optimizer state of role solver (solver/optimizer.pt)"

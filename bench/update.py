@@ -10,9 +10,14 @@ B sequences of T tokens, the last `--completion` of each loss-masked, advantages
 stored old log-probs (the on-policy path). `--group G`: each G consecutive sequences share their
 prompt, as a GRPO group's rollouts do (`--no-shared-prompt` runs every row's prompt anyway).
 `--mode lora` trains a rank-`--rank` adapter over
-a bf16 base. Prints ONE JSON line:
-    {"model", "mode", "device", "tokens", "micro_batch_size", "checkpointing", "params",
-     "trained_params", "update_s", "tokens_per_s", "peak_mem_gb", "planner_gb", "planner_terms_gb"}
+a bf16 base. `--cpu-bf16`: the forward passes in bf16 over the fp32 weights (`cpu_bf16_autocast`, on a CPU
+with bf16 instructions). `--profile`: the update runs under torch's profiler and `profile` says where its
+time went: each op's self time summed by kind (`PROFILE_KINDS`: matmul, attention, cast/copy, optimizer,
+softmax/loss, other: elementwise ops, norms, indexing) and the ten slowest ops; the profiler's overhead is
+in `update_s` then. Prints ONE JSON line:
+    {"model", "mode", "device", "tokens", "micro_batch_size", "checkpointing", "cpu_bf16", "params",
+     "trained_params", "update_s", "tokens_per_s", "peak_mem_gb", "planner_gb", "planner_terms_gb",
+     "profile": {"self_s", "by_kind": {kind: {"s", "share"}}, "top": [[op, s], ...]} | null}
 peak_mem_gb: torch's peak allocated CUDA memory during the update (weights and optimizer state
 included; the CUDA context is not), or on the CPU the process's peak RSS. planner_gb: the
 planner's (coevo/train/gpu_plan.py) weights + reference + grads + optimizer + update peak for the
@@ -53,6 +58,8 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     parser.add_argument("--no-shared-prompt", action="store_true", help="solver.shared_prompt=false")
     parser.add_argument("--checkpointing", action="store_true", help="gradient checkpointing")
     parser.add_argument("--kl", type=float, default=0.001, help="kl_coef (> 0: a reference copy, or LoRA's base)")
+    parser.add_argument("--cpu-bf16", action="store_true", help="solver.cpu_bf16_autocast=true")
+    parser.add_argument("--profile", action="store_true", help="self time by op kind (torch.profiler)")
     parser.add_argument("--device", default="cuda" if torch.cuda.is_available() else "cpu")
     return parser.parse_args(argv)
 
@@ -66,7 +73,8 @@ def role_config(args: argparse.Namespace, seq_len: int) -> tuple:
         f"solver.shared_prompt={str(not args.no_shared_prompt).lower()}", f"solver.kl_coef={args.kl}", "solver.lr=1e-6",
         f"solver.gradient_checkpointing={str(args.checkpointing).lower()}", f"solver.max_episode_tokens={seq_len}",
         f"solver.max_prompt_tokens={seq_len}", "solver.max_turns=1", f"solver.max_new_tokens={args.completion}",
-        f"solver.num_gpus={1 if args.device.startswith('cuda') else 0}", "rollout=hf", "run.plan_check=false"]
+        f"solver.num_gpus={1 if args.device.startswith('cuda') else 0}", "rollout=hf", "run.plan_check=false",
+        f"solver.cpu_bf16_autocast={str(args.cpu_bf16).lower()}"]
     if args.mode == "lora":
         overrides += [f"solver.lora.rank={args.rank}", "solver.dtype=bfloat16"]
     cfg = to_object(compose(overrides))
@@ -91,6 +99,52 @@ def batch(n: int, length: int, completion: int, vocab: int, group: int = 1) -> l
             for i in range(n)]
 
 
+# Op-name fragments of each kind, tried in order; an op matching none is "other".
+PROFILE_KINDS = (("matmul", ("aten::mm", "aten::addmm", "aten::bmm", "aten::baddbmm")),
+                 ("attention", ("scaled_dot_product", "flash_attention")),
+                 ("cast/copy", ("aten::to", "aten::_to_copy", "aten::copy_", "aten::clone", "aten::contiguous")),
+                 ("optimizer", ("_foreach_", "addcdiv", "addcmul", "lerp")),
+                 ("softmax/loss", ("softmax", "logsumexp", "gather")))
+
+
+def op_kind(name: str) -> str:
+    """The `PROFILE_KINDS` kind of an op name."""
+    return next((kind for kind, parts in PROFILE_KINDS if any(p in name for p in parts)), "other")
+
+
+def profile_summary(events: list[tuple[str, float]], top: int = 10) -> dict:
+    """(op name, self seconds) pairs -> total self seconds, seconds and share by kind, the `top` slowest ops."""
+    total = sum(s for _, s in events)
+    by_kind: dict[str, float] = {}
+    for name, s in events:
+        by_kind[op_kind(name)] = by_kind.get(op_kind(name), 0.0) + s
+    return {"self_s": round(total, 3),
+            "by_kind": {k: {"s": round(v, 3), "share": round(v / total, 4) if total else None}
+                        for k, v in sorted(by_kind.items(), key=lambda kv: -kv[1])},
+            "top": [[name, round(s, 3)] for name, s in sorted(events, key=lambda e: -e[1])[:top]]}
+
+
+def timed_update(policy: Policy, seqs: list[TrainSequence], device: str, profile: bool) -> tuple[dict, float, dict | None]:
+    """(update metrics, seconds, profile summary or None)."""
+    if device.startswith("cuda"):
+        torch.cuda.synchronize()
+        torch.cuda.reset_peak_memory_stats()
+    prof = torch.profiler.profile(activities=[torch.profiler.ProfilerActivity.CPU]) if profile else None
+    t0 = time.perf_counter()
+    if prof is None:
+        metrics = policy.update(seqs)
+    else:
+        with prof:
+            metrics = policy.update(seqs)
+    if device.startswith("cuda"):
+        torch.cuda.synchronize()
+    seconds = time.perf_counter() - t0
+    if prof is None:
+        return metrics, seconds, None
+    events = [(e.key, e.self_cpu_time_total / 1e6) for e in prof.key_averages()]
+    return metrics, seconds, profile_summary(events)
+
+
 def peak_gb(device: str) -> float:
     if device.startswith("cuda"):
         return torch.cuda.max_memory_allocated() / GB
@@ -106,14 +160,7 @@ def main(argv: list[str] | None = None) -> dict:
     tokenizer = _build_tiny_tokenizer()  # only its pad id is read: the batch is token ids already
     policy = Policy(policy_cfg, model, tokenizer, role="solver")
     seqs = batch(n, length, args.completion, shape.vocab, args.group)
-    if args.device.startswith("cuda"):
-        torch.cuda.synchronize()
-        torch.cuda.reset_peak_memory_stats()
-    t0 = time.perf_counter()
-    metrics = policy.update(seqs)
-    if args.device.startswith("cuda"):
-        torch.cuda.synchronize()
-    update_s = time.perf_counter() - t0
+    metrics, update_s, profile = timed_update(policy, seqs, args.device, args.profile)
     plan = role_plan(cfg, "solver", policy_cfg, shape, adapter, int(cfg.cluster.gpu_memory_gb * GB))
     counted = {k: v for k, v in plan.terms.items() if k not in ("engine", "cuda_context")}
     planner = sum(counted.values()) + plan.transient.get("update", 0)
@@ -121,10 +168,11 @@ def main(argv: list[str] | None = None) -> dict:
     trained = sum(p.numel() for p in policy.model.parameters() if p.requires_grad)
     return {"model": args.model, "mode": args.mode, "device": args.device, "tokens": args.tokens,
             "micro_batch_size": args.micro_batch, "group": args.group, "shared_prompt": not args.no_shared_prompt,
-            "checkpointing": args.checkpointing, "params": shape.params,
+            "checkpointing": args.checkpointing, "cpu_bf16": args.cpu_bf16, "params": shape.params,
             "trained_params": trained, "update_s": round(update_s, 2), "tokens_per_s": round(n * length / update_s, 1),
             "peak_mem_gb": round(peak_gb(args.device), 2), "planner_gb": round(planner / GB, 2),
-            "planner_terms_gb": {k: round(v / GB, 2) for k, v in terms.items()}, "grad_norm": metrics.get("grad_norm")}
+            "planner_terms_gb": {k: round(v / GB, 2) for k, v in terms.items()}, "grad_norm": metrics.get("grad_norm"),
+            "profile": profile}
 
 
 if __name__ == "__main__":

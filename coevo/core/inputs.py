@@ -107,6 +107,7 @@ class LabelledQuestion:
     gold_ids: list[str] = field(default_factory=list)  # evidence passage ids (may be empty)
     dataset: str = ""
     line: int = 0
+    guide: list[str] = field(default_factory=list)  # searches a guided rollout replays (may be empty)
 
 
 def _answers(rec: dict, where: str) -> list[str]:
@@ -135,9 +136,16 @@ def _gold_ids(rec: dict, where: str) -> list[str]:
     return [str(g) for g in value]
 
 
+def _guide(rec: dict, where: str) -> list[str]:
+    value = rec.get("guide", [])
+    if not isinstance(value, list) or not all(isinstance(g, str) and g.strip() for g in value):
+        raise InputError(f"{where}: 'guide' must be a list of non-empty search queries, got {_kind(value)}")
+    return list(value)
+
+
 def labelled_question(rec: Any, where: str, line_no: int, default_dataset: str,
                       report: InputReport) -> LabelledQuestion:
-    """One validated record (`question`, `answers`, optional `id`, `dataset`, `gold_ids`)."""
+    """One validated record (`question`, `answers`, optional `id`, `dataset`, `gold_ids`, `guide`)."""
     if not isinstance(rec, dict):
         raise InputError(f"{where}: expected a JSON object, got {type(rec).__name__}")
     for key in ("question", "answers"):
@@ -151,7 +159,7 @@ def labelled_question(rec: Any, where: str, line_no: int, default_dataset: str,
         raise InputError(f"{where}: 'dataset' must be a non-empty string, got {_kind(dataset)}")
     qid = record_id(rec, where) or f"{dataset}-{line_no}"
     return LabelledQuestion(qid, bounded(question, MAX_QUESTION_CHARS, where, report), _answers(rec, where),
-                            _gold_ids(rec, where), dataset, line_no)
+                            _gold_ids(rec, where), dataset, line_no, _guide(rec, where))
 
 
 def load_labelled_questions(path: str | os.PathLike) -> tuple[list[LabelledQuestion], InputReport]:

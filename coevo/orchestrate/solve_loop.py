@@ -58,13 +58,14 @@ def to_solve_object(dcfg: DictConfig) -> SolveRootConfig:
 
 
 def load_tasks(path: str | Path, limit: Optional[int] = None) -> list[Task]:
-    """The first `limit` (default all) labelled questions of a file as tasks; `gold_ids` are their evidence.
+    """The first `limit` (default all) labelled questions of a file as tasks; `gold_ids` are their evidence,
+    `guide` the searches a guided rollout replays (`solver.guided_rollouts`, e.g. evidence/extraction.py's tasks).
 
     Read and validated by `coevo.core.inputs.load_labelled_questions`, the loader `coevo.eval`
     uses too: the whole file is checked, also past `limit`.
     """
     questions, _ = load_labelled_questions(path)
-    return [Task(q.id, q.question, q.answers, q.gold_ids) for q in questions[:limit]]
+    return [Task(q.id, q.question, q.answers, q.gold_ids, q.guide) for q in questions[:limit]]
 
 
 def question_batches(tasks: list[Task], batch: int, steps: int, seed: int = 0, shuffle: bool = True,
@@ -92,20 +93,26 @@ def _mean(values: list[float]) -> Optional[float]:
 def rollout_metrics(episodes: list[Episode], groups: list[list[RankerCall]], top_k: int) -> dict[str, Any]:
     """Solver and ranker figures of one episode batch, nested like the co-evolution metrics.
 
-    EM and F1 are always reported, whatever correctness the reward uses.
+    EM and F1 are always reported, whatever correctness the reward uses. The solver's figures are
+    of its sampled rollouts: guided replays (`solver.guided_rollouts`) answer the gold by
+    construction and are counted apart (`guided`, and `guided_read`: those whose searches showed
+    the answer, the ones that train), as in the co-evolution metrics.
     """
     calls = [c for ep in episodes for c in ep.ranker_calls]
     generated = [c for c in calls if c.generated]
-    golds = [(ep.answer or "", ep.task.answers) for ep in episodes]
+    sampled = [ep for ep in episodes if not ep.guided]
+    golds = [(ep.answer or "", ep.task.answers) for ep in sampled]
     return {
         "questions": len(episodes_by_task(episodes)), "episodes": len(episodes),
-        "solver": {"format_valid": _mean([float(ep.format_ok) for ep in episodes]),
+        "solver": {"format_valid": _mean([float(ep.format_ok) for ep in sampled]),
                    "em": _mean([exact_match(a, g) if a else 0.0 for a, g in golds]),
                    "f1": _mean([f1(a, g) if a else 0.0 for a, g in golds]),
-                   "mean_searches": _mean([float(ep.n_searches) for ep in episodes]),
+                   "mean_searches": _mean([float(ep.n_searches) for ep in sampled]),
                    "gen_tokens": sum(ep.n_generated for ep in episodes),
-                   "end_reasons": dict(sorted(Counter(ep.end_reason for ep in episodes).items()))},
-        "reward": {"solver": _mean([ep.reward for ep in episodes]),
+                   "end_reasons": dict(sorted(Counter(ep.end_reason for ep in sampled).items())),
+                   "guided": len(episodes) - len(sampled),
+                   "guided_read": sum(1 for ep in episodes if ep.guided and ep.read_answer)},
+        "reward": {"solver": _mean([ep.reward for ep in sampled]),
                    "ranker": _mean([c.reward for c in generated if c.reward is not None])},
         "ranker": {"calls": len(calls), "generated": len(generated),
                    "format_valid": _mean([float(c.format_ok) for c in generated]),

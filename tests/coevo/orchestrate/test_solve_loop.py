@@ -12,6 +12,7 @@ from coevo.orchestrate.solve_loop import (
     SolveRootConfig,
     load_tasks,
     question_batches,
+    rollout_metrics,
     solve_step,
     to_solve_object,
 )
@@ -64,6 +65,22 @@ def make_actors(cfg, trainable, overlap_retriever, shared=False):
         roles["ranker"] = ranker
     return SimpleNamespace(proposer=None, evidence=None, solver=solver, ranker=ranker,
                            retrieval=overlap_retriever(), trainable=roles)
+
+
+def test_solve_metrics_leave_guided_replays_out(trainable, overlap_retriever):
+    """A task file with guides (evidence/extraction.py) under `solver.guided_rollouts`: t1's last rollout
+    replays its guide and answers the gold; the solver's figures are of the 7 sampled rollouts."""
+    cfg = make_cfg()
+    cfg.solver.guided_rollouts = True
+    actors = make_actors(cfg, trainable, overlap_retriever)
+    tasks = [Task("t1", TASKS[0].question, ["Paris"], ["p3"], guide=["capital of France"]), TASKS[1]]
+    episodes, groups, _ = solve_tasks(tasks, actors, cfg, 0)
+    (guided,) = [ep for ep in episodes if ep.guided]
+    assert (guided.task.id, guided.answer, guided.n_searches) == ("t1", "Paris", 1)
+    solver = rollout_metrics(episodes, groups, cfg.ranker.top_k)["solver"]
+    # sampled: t1's 3 search and answer, t2's 4 break the format (with the replay counted: 4 of 8)
+    assert (solver["format_valid"], solver["end_reasons"]) == (round(3 / 7, 4), {"answer": 3, "no_action": 4})
+    assert (solver["guided"], solver["guided_read"]) == (1, int(guided.read_answer))
 
 
 def test_solve_step_rewards_groups_and_updates(trainable, overlap_retriever):

@@ -124,7 +124,8 @@ def profile_summary(events: list[tuple[str, float]], top: int = 10) -> dict:
             "top": [[name, round(s, 3)] for name, s in sorted(events, key=lambda e: -e[1])[:top]]}
 
 
-def timed_update(policy: Policy, seqs: list[TrainSequence], device: str, profile: bool) -> tuple[dict, float, dict | None]:
+def timed_update(policy: Policy, seqs: list[TrainSequence], device: str,
+                 profile: bool) -> tuple[dict, float, dict | None]:
     """(update metrics, seconds, profile summary or None)."""
     if device.startswith("cuda"):
         torch.cuda.synchronize()

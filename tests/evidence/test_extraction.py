@@ -2,7 +2,6 @@
 from __future__ import annotations
 
 import json
-from types import SimpleNamespace
 
 import pytest
 
@@ -88,7 +87,8 @@ def test_tasks_keep_only_retrievable_clozes_and_count_every_rejection():
     records, reasons, read = extraction_tasks(corpus, _Retriever(corpus, miss={"Warsaw"}), index, n=10, k=2)
     assert read == 4 and sorted(index.prepared) == ["p0", "p1", "p2", "p3"]
     assert reasons == {"no_sentence": 2, "not_retrievable": 1}
-    assert records == [{"id": "extraction-0", "question": 'Which name fills the blank in "Nashville is the capital of ___."?',
+    question = 'Which name fills the blank in "Nashville is the capital of ___."?'
+    assert records == [{"id": "extraction-0", "question": question,
                         "answers": ["Tennessee"], "guide": ["Nashville"], "gold_ids": ["p0"], "dataset": "extraction"}]
 
 

@@ -247,15 +247,15 @@ def _panel(ax: Any, arms: dict[str, dict], key: str, title: str) -> None:
     ax.grid(alpha=0.3)
 
 
-def plot(arms: dict[str, dict], path: Path, title: str = "") -> None:
-    """One panel per main curve, trained vs control (steps on x; null values leave gaps)."""
+def plot(arms: dict[str, dict], path: Path, title: str = "", panels: Sequence[tuple[str, str]] = PANELS) -> None:
+    """One panel per curve of `panels` (series key, title; six at most), trained vs control (null: a gap)."""
     import matplotlib
 
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
 
     fig, axes = plt.subplots(2, 3, figsize=(13, 7), constrained_layout=True)
-    for ax, (key, name) in zip(axes.flat, PANELS):
+    for ax, (key, name) in zip(axes.flat, panels):
         _panel(ax, arms, key, name)
     axes.flat[0].legend()
     if title:

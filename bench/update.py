@@ -9,15 +9,16 @@ or a local directory's config.json) with random weights: nothing is downloaded. 
 B sequences of T tokens, the last `--completion` of each loss-masked, advantages +1/-1, no
 stored old log-probs (the on-policy path). `--group G`: each G consecutive sequences share their
 prompt, as a GRPO group's rollouts do (`--no-shared-prompt` runs every row's prompt anyway).
-`--mode lora` trains a rank-`--rank` adapter over
-a bf16 base. `--cpu-bf16`: the forward passes in bf16 over the fp32 weights (`cpu_bf16_autocast`, on a CPU
-with bf16 instructions). `--profile`: the update runs under torch's profiler and `profile` says where its
-time went: each op's self time summed by kind (`PROFILE_KINDS`: matmul, attention, cast/copy, optimizer,
-softmax/loss, other: elementwise ops, norms, indexing) and the ten slowest ops; the profiler's overhead is
-in `update_s` then. Prints ONE JSON line:
-    {"model", "mode", "device", "tokens", "micro_batch_size", "checkpointing", "cpu_bf16", "params",
-     "trained_params", "update_s", "tokens_per_s", "peak_mem_gb", "planner_gb", "planner_terms_gb",
-     "profile": {"self_s", "by_kind": {kind: {"s", "share"}}, "top": [[op, s], ...]} | null}
+`--mode lora` trains a rank-`--rank` adapter over a bf16 base. `--cpu-bf16`: the forward passes in bf16 over the
+fp32 weights (`cpu_bf16_autocast`, on a CPU with bf16 instructions). `--compile`: compiled decoder layers in the
+update (`cpu_compile`); `logprob_gap` is then |compiled - eager| log-prob (mean, p99) on the first micro-batch.
+`--repeats R`: R updates on the same batch, `update_s` the last (the first pays the compile), `updates_s` each.
+`--profile`: the update runs under torch's profiler and `profile` says where its time went: each op's self time
+summed by kind (`PROFILE_KINDS`: matmul, attention, cast/copy, optimizer, softmax/loss, other: elementwise ops,
+norms, indexing) and the ten slowest ops; the profiler's overhead is in `update_s` then. Prints ONE JSON line:
+    {"model", "mode", "device", "tokens", "micro_batch_size", "checkpointing", "cpu_bf16", "compile", "params",
+     "trained_params", "update_s", "updates_s", "logprob_gap", "tokens_per_s", "peak_mem_gb", "planner_gb",
+     "planner_terms_gb", "profile": {"self_s", "by_kind": {kind: {"s", "share"}}, "top": [[op, s], ...]} | null}
 peak_mem_gb: torch's peak allocated CUDA memory during the update (weights and optimizer state
 included; the CUDA context is not), or on the CPU the process's peak RSS. planner_gb: the
 planner's (coevo/train/gpu_plan.py) weights + reference + grads + optimizer + update peak for the
@@ -59,6 +60,8 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     parser.add_argument("--checkpointing", action="store_true", help="gradient checkpointing")
     parser.add_argument("--kl", type=float, default=0.001, help="kl_coef (> 0: a reference copy, or LoRA's base)")
     parser.add_argument("--cpu-bf16", action="store_true", help="solver.cpu_bf16_autocast=true")
+    parser.add_argument("--compile", action="store_true", help="solver.cpu_compile=true (compiled decoder layers)")
+    parser.add_argument("--repeats", type=int, default=1, help="updates run; update_s is the last (the first compiles)")
     parser.add_argument("--profile", action="store_true", help="self time by op kind (torch.profiler)")
     parser.add_argument("--device", default="cuda" if torch.cuda.is_available() else "cpu")
     return parser.parse_args(argv)
@@ -74,7 +77,7 @@ def role_config(args: argparse.Namespace, seq_len: int) -> tuple:
         f"solver.gradient_checkpointing={str(args.checkpointing).lower()}", f"solver.max_episode_tokens={seq_len}",
         f"solver.max_prompt_tokens={seq_len}", "solver.max_turns=1", f"solver.max_new_tokens={args.completion}",
         f"solver.num_gpus={1 if args.device.startswith('cuda') else 0}", "rollout=hf", "run.plan_check=false",
-        f"solver.cpu_bf16_autocast={str(args.cpu_bf16).lower()}"]
+        f"solver.cpu_bf16_autocast={str(args.cpu_bf16).lower()}", f"solver.cpu_compile={str(args.compile).lower()}"]
     if args.mode == "lora":
         overrides += [f"solver.lora.rank={args.rank}", "solver.dtype=bfloat16"]
     cfg = to_object(compose(overrides))
@@ -146,6 +149,17 @@ def timed_update(policy: Policy, seqs: list[TrainSequence], device: str,
     return metrics, seconds, profile_summary(events)
 
 
+def logprob_gap(policy: Policy, seqs: list[TrainSequence]) -> dict:
+    """Mean and p99 |compiled - eager| next-token log-prob over the first micro-batch's loss tokens (`--compile`)."""
+    mb = policy.micro_batch_tensors(policy.micro_batches(seqs)[0])
+    with torch.no_grad(), policy.compute():
+        eager = policy.scorer(mb.ids, mb.attn, mb.mask, mb.prefix).float()
+        with policy.update_layers.active():
+            fused = policy.scorer(mb.ids, mb.attn, mb.mask, mb.prefix).float()
+    gap = (fused - eager).abs()[mb.mask.bool()]
+    return {"mean": float(gap.mean()), "p99": float(gap.quantile(0.99)), "tokens": int(gap.numel())}
+
+
 def peak_gb(device: str) -> float:
     if device.startswith("cuda"):
         return torch.cuda.max_memory_allocated() / GB
@@ -161,7 +175,9 @@ def main(argv: list[str] | None = None) -> dict:
     tokenizer = _build_tiny_tokenizer()  # only its pad id is read: the batch is token ids already
     policy = Policy(policy_cfg, model, tokenizer, role="solver")
     seqs = batch(n, length, args.completion, shape.vocab, args.group)
-    metrics, update_s, profile = timed_update(policy, seqs, args.device, args.profile)
+    runs = [timed_update(policy, seqs, args.device, args.profile) for _ in range(max(1, args.repeats))]
+    gap = logprob_gap(policy, seqs) if args.compile else None
+    metrics, update_s, profile = runs[-1]
     plan = role_plan(cfg, "solver", policy_cfg, shape, adapter, int(cfg.cluster.gpu_memory_gb * GB))
     counted = {k: v for k, v in plan.terms.items() if k not in ("engine", "cuda_context")}
     planner = sum(counted.values()) + plan.transient.get("update", 0)
@@ -169,8 +185,10 @@ def main(argv: list[str] | None = None) -> dict:
     trained = sum(p.numel() for p in policy.model.parameters() if p.requires_grad)
     return {"model": args.model, "mode": args.mode, "device": args.device, "tokens": args.tokens,
             "micro_batch_size": args.micro_batch, "group": args.group, "shared_prompt": not args.no_shared_prompt,
-            "checkpointing": args.checkpointing, "cpu_bf16": args.cpu_bf16, "params": shape.params,
-            "trained_params": trained, "update_s": round(update_s, 2), "tokens_per_s": round(n * length / update_s, 1),
+            "checkpointing": args.checkpointing, "cpu_bf16": args.cpu_bf16, "compile": args.compile,
+            "params": shape.params, "trained_params": trained, "update_s": round(update_s, 2),
+            "updates_s": [round(r[1], 2) for r in runs], "logprob_gap": gap,
+            "tokens_per_s": round(n * length / update_s, 1),
             "peak_mem_gb": round(peak_gb(args.device), 2), "planner_gb": round(planner / GB, 2),
             "planner_terms_gb": {k: round(v / GB, 2) for k, v in terms.items()}, "grad_norm": metrics.get("grad_norm"),
             "profile": profile}

@@ -181,6 +181,10 @@ def validate_config(cfg: CoevoConfig) -> None:
     check_path_length(cfg)
     check_precision(cfg)
     check_lora(cfg)
+    for role in ("proposer", "solver", "ranker"):
+        policy = getattr(cfg, role)
+        if policy.cpu_compile and not policy.frozen:
+            compile_needs_no_cache(role, policy.shared_prompt and not policy.gradient_checkpointing)
     solve = getattr(cfg, "solve", None)  # coevo.solve trains no proposer (solve.train=false: nothing, frozen)
     trained = {"proposer": solve is None and not cfg.proposer.frozen, "solver": not cfg.solver.frozen}
     for role in ("proposer", "solver"):
@@ -237,6 +241,14 @@ def check_precision(cfg: CoevoConfig) -> None:
                          f"and optimizer state (at lr 1e-6 bf16 weights barely move); expected {role}.dtype="
                          f"float32 (compute runs in bf16 under autocast on CUDA), {role}.dtype=bfloat16 with "
                          f"{role}.lora.rank > 0 (a frozen bf16 base under an fp32 adapter) or {role}.frozen=true")
+
+
+def compile_needs_no_cache(role: str, shared_prompt: bool) -> None:
+    """`<role>.cpu_compile` is refused for an update that shares a prompt's KV cache (coevo/train/compiled.py)."""
+    if shared_prompt:
+        raise ValueError(f"config key {role}.cpu_compile=true: the update shares each group's prompt through a KV "
+                         f"cache, which recompiles every decoder layer; expected {role}.gradient_checkpointing=true "
+                         f"or {role}.shared_prompt=false")
 
 
 def check_lora(cfg: CoevoConfig) -> None:

@@ -46,6 +46,8 @@ class PolicyConfig:
     bf16_autocast: bool = key(True, "on a CUDA device with bf16: forward passes in bf16 over fp32 weights (CPU: fp32)")
     cpu_bf16_autocast: bool = key(
         False, "on a CPU with native bf16 (avx512_bf16 / amx_bf16): forward passes in bf16 over fp32 weights")
+    cpu_compile: bool = key(False, "on a CPU: each decoder layer's update forward/backward through torch.compile "
+                            "(fused kernels; needs gradient_checkpointing or shared_prompt=false, and g++)")
     engine: Engine = key("${rollout.engine}", "generation engine: hf | vllm")
     checkpoint: Optional[str] = key(None, "HF checkpoint dir that replaces the preset weights")
     frozen: bool = key(False, "generate with the initial weights and never update")

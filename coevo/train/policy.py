@@ -26,6 +26,7 @@
   layer in backward instead of keeping its activations. It only works in train mode, so every
   dropout probability is set to 0 at load (asserted) and the model is in train mode only for
   a micro-batch's forward + backward (coevo/train/recompute.py): the function is unchanged;
+- `<role>.cpu_compile=true` (CPU): that forward + backward alone runs compiled decoder layers (compiled.py);
 - `<role>.lora.rank > 0` (coevo/train/lora.py): the model is a peft LoRA model; the base weights
   are frozen (and may be bf16), the fp32 adapter is all the optimizer sees; the KL reference is
   the base with the adapter disabled (no copy); the HF engine generates through the peft model,
@@ -53,6 +54,7 @@ from coevo.train import batching, precision
 from coevo.train.allocator import pin_mmap_threshold
 from coevo.train.batching import FixedLogprobs, MicroBatch, PreparedBatch, loss_token_counts
 from coevo.train.checkpoint import OPTIMIZER_FILE
+from coevo.train.compiled import update_layers
 from coevo.train.engines import build_engine
 from coevo.train.lora import apply_lora, hf_model, is_adapter_dir, load_adapter_weights
 from coevo.train.models import load_model_and_tokenizer
@@ -90,6 +92,7 @@ class Policy:
         precision.check_trainable_dtype(model, role, self.frozen)
         self.model = model.eval()
         self.scorer = TokenLogprobs(hf_model(self.model))
+        self.update_layers = update_layers(cfg, hf_model(self.model), role, self.shared_prompt, self.frozen)
         self.tokenizer = tokenizer
         self.ref_model = None
         # With LoRA the reference is the base itself, adapter disabled: no copy of the weights.
@@ -119,11 +122,8 @@ class Policy:
 
     @classmethod
     def from_config(cls, cfg: PolicyConfig, role: str = "policy") -> "Policy":
-        """Load `cfg.model` (with `cfg.checkpoint` weights if set), on the GPU when `num_gpus > 0`.
-
-        Never silently on the CPU: `num_gpus > 0` without a visible CUDA device is a PreflightError
-        naming `<role>.num_gpus`, raised before the weights are read.
-        """
+        """Load `cfg.model` (`cfg.checkpoint` weights if set), on the GPU when `num_gpus > 0`. Never silently on
+        the CPU: `num_gpus > 0` without a CUDA device is a PreflightError naming `<role>.num_gpus`, before loading."""
         require_gpus(role, cfg.num_gpus)
         model, tokenizer = load_model_and_tokenizer(cfg.model, cfg.dtype, cfg.checkpoint)
         if cfg.num_gpus > 0:
@@ -295,7 +295,7 @@ class Policy:
         mb = self.micro_batch_tensors(seqs)
         old = fixed.old.to(self.device)
         # Checkpointed layers recompute in backward only in train mode; their dropout is 0 (recompute.py).
-        with train_mode(self.model, self.checkpointing):
+        with train_mode(self.model, self.checkpointing), self.update_layers.active():
             with self.compute():  # forward in bf16 on CUDA; the loss math below runs on fp32 log-probs
                 token_logprobs = self.scorer(mb.ids, mb.attn, mb.mask, mb.prefix).float()  # [b, T-1]
             if not fixed.old_filled:  # one epoch: the old policy is these weights (ratio 1 at the step)

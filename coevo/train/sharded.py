@@ -56,6 +56,7 @@ from coevo.core.io import atomic_dir
 from coevo.core.types import Completion, SamplingParams, TrainSequence
 from coevo.train.batching import loss_token_counts
 from coevo.train.checkpoint import OPTIMIZER_FILE
+from coevo.train.compiled import decoder_layers
 from coevo.train.engines import build_engine
 from coevo.train.models import load_model_and_tokenizer
 from coevo.train.policy import Policy, TokenLogprobs, batch_metrics, skipped_update
@@ -101,14 +102,6 @@ def check_shardable(cfg: PolicyConfig, role: str) -> None:
     if int(cfg.lora.rank) > 0:
         raise ValueError(f"{role}.lora.rank={cfg.lora.rank} with {role}.num_gpus={cfg.num_gpus:g}: sharded updates "
                          f"train full weights only; expected {role}.lora.rank=0 or {role}.num_gpus <= 1")
-
-
-def decoder_layers(model: torch.nn.Module) -> torch.nn.ModuleList:
-    """The decoder layers of an HF causal LM (`model.base_model.layers`: Llama, Qwen2, Qwen3, Mistral...)."""
-    layers = getattr(getattr(model, "base_model", None), "layers", None)
-    if not isinstance(layers, torch.nn.ModuleList):
-        raise ValueError(f"{type(model).__name__} has no base_model.layers: cannot shard it per decoder layer")
-    return layers
 
 
 def shard_scorer(scorer: TokenLogprobs, mixed: Optional[MixedPrecisionPolicy]) -> None:

@@ -101,6 +101,14 @@ def test_path_length_and_curriculum_keys_are_checked(overrides, message):
         to_object(compose(overrides))
 
 
+def test_cpu_compile_is_refused_at_start_where_the_update_shares_a_kv_cache():
+    """The proposer shares its groups' prompts through a KV cache (no checkpointing): refused by key, at start."""
+    with pytest.raises(ValueError, match=r"proposer\.cpu_compile=true.*proposer\.gradient_checkpointing=true"):
+        to_object(compose(["experiment=small_learning", "proposer.cpu_compile=true"]))
+    to_object(compose(["experiment=small_learning", "proposer.cpu_compile=true", "proposer.shared_prompt=false"]))
+    to_object(compose(["proposer.cpu_compile=true", "proposer.frozen=true"]))  # never updated: nothing compiles
+
+
 def test_path_length_values():
     assert to_object(compose(["evidence.hops=2"])).evidence.hops == "2"
     assert to_object(compose(["evidence.hops=4", "evidence.max_hops=4"])).evidence.hops == "4"
@@ -200,7 +208,8 @@ AFTER_RUN5 = ["proposer.curriculum.enabled=true", "evidence.retrievable=true",
               "rollout=vllm", "solver.gradient_checkpointing=true", "ranker.gradient_checkpointing=true",
               "proposer.max_prompt_tokens=512", "ranker.max_prompt_tokens=768",
               "evidence.open_question=true",  # after run 7
-              "proposer.cpu_bf16_autocast=true", "solver.cpu_bf16_autocast=true", "ranker.cpu_bf16_autocast=true"]
+              "proposer.cpu_bf16_autocast=true", "solver.cpu_bf16_autocast=true", "ranker.cpu_bf16_autocast=true",
+              "solver.cpu_compile=true", "ranker.cpu_compile=true"]  # after run 9
 
 
 def test_small_learning_preset_is_run_5s_configuration():

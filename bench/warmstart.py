@@ -7,13 +7,15 @@ Reads two `coevo.solve` run directories trained on the same extraction tasks wit
 (docs/learning.md "Extraction warm-start" has the commands): `trained`, and `control` with
 `solve.train=false` (the same rollouts, never updated). Per step, from metrics.jsonl: the sampled
 rollouts' format-valid share, EM and F1 (guided replays are not in them), the share of searches whose
-results held an answer passage (`i_ans`), searches per rollout, step and update seconds. Windows of
+results held an answer passage (`i_ans`), searches per rollout, and the seconds of the staged work
+(`stage_s`: solve + update, the line's `time_s`; the checkpoint write comes after the line is logged,
+so a step's wall time, the console's, is a few seconds more) and of the update alone. Windows of
 `--window` steps average each of them; `correct` counts the sampled rollouts that answered right
 (EM × sampled rollouts, summed), against `sampled`, the rollouts scored (its own denominator).
 `--eval-*`: coevo.eval result files of each arm's solver, summarized as bench.learning does.
 
 Prints ONE JSON line, also written atomically to `--out` (a PNG of the curves to `--png`):
-    {"window": W, "arms": {arm: {"run_dir", "steps", "sampled", "correct", "step_s_median",
+    {"window": W, "arms": {arm: {"run_dir", "steps", "sampled", "correct", "stage_s_median",
      "update_s_median", "series": {"steps": [...], key: [...]}, "windows": [{"steps": [a, b], key: mean}],
      "eval": {...} | null}}}
 """
@@ -31,10 +33,10 @@ from coevo.core.io import atomic_write_text
 from coevo.evaluate.report import load_run, number
 
 ARMS = ("trained", "control")
-KEYS = ("format_valid", "em", "f1", "i_ans", "mean_searches", "step_s", "update_s")
+KEYS = ("format_valid", "em", "f1", "i_ans", "mean_searches", "stage_s", "update_s")
 PANELS = [("format_valid", "solver format-valid (sampled)"), ("em", "EM (sampled rollouts)"),
           ("f1", "F1 (sampled rollouts)"), ("i_ans", "searches showing an answer passage"),
-          ("mean_searches", "searches per rollout"), ("step_s", "step seconds")]
+          ("mean_searches", "searches per rollout"), ("stage_s", "solve + update seconds")]
 
 
 def step_row(line: dict) -> dict[str, Any]:
@@ -44,7 +46,7 @@ def step_row(line: dict) -> dict[str, Any]:
     return {"format_valid": number(solver.get("format_valid")), "em": number(solver.get("em")),
             "f1": number(solver.get("f1")), "i_ans": number(ranker.get("i_ans")),
             "mean_searches": number(solver.get("mean_searches")),
-            "step_s": sum(s for s in seconds if s is not None) if seconds else None,
+            "stage_s": sum(s for s in seconds if s is not None) if seconds else None,
             "update_s": number(times.get("update")),
             "sampled": int(line.get("episodes") or 0) - int(solver.get("guided") or 0)}
 
@@ -52,6 +54,11 @@ def step_row(line: dict) -> dict[str, Any]:
 def _mean(values: Sequence[Optional[float]]) -> Optional[float]:
     present = [v for v in values if v is not None]
     return round(statistics.fmean(present), 4) if present else None
+
+
+def _median(values: Sequence[Optional[float]]) -> Optional[float]:
+    present = [v for v in values if v is not None]
+    return statistics.median(present) if present else None
 
 
 def summarize_arm(run_dir: Path, window: int) -> dict[str, Any]:
@@ -65,10 +72,9 @@ def summarize_arm(run_dir: Path, window: int) -> dict[str, Any]:
     windows = [{"steps": [steps[i], steps[min(i + window, len(steps)) - 1]],
                 **{k: _mean(series[k][i:i + window]) for k in KEYS}} for i in range(0, len(steps), window)]
     correct = sum(round((r["em"] or 0.0) * r["sampled"]) for r in rows)
-    updates = [r["update_s"] for r in rows if r["update_s"] is not None]
     return {"run_dir": str(run_dir), "steps": len(steps), "sampled": sum(r["sampled"] for r in rows),
-            "correct": correct, "step_s_median": statistics.median(series["step_s"]) if rows else None,
-            "update_s_median": statistics.median(updates) if updates else None,
+            "correct": correct, "stage_s_median": _median(series["stage_s"]),
+            "update_s_median": _median(series["update_s"]),
             "series": series, "windows": windows}
 
 

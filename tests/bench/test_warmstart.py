@@ -36,9 +36,9 @@ def test_windows_and_denominators_are_computed_from_the_metrics(tmp_path, capsys
     arm = result["arms"]["trained"]
     assert arm["sampled"] == 18 and arm["correct"] == 0 + 1 + 3  # 6 sampled rollouts a step (8 - 2 guided)
     assert arm["windows"][0] == {"steps": [0, 1], "format_valid": 0.75, "em": 0.0833, "f1": 0.1833, "i_ans": 0.5,
-                                 "mean_searches": 1.0, "step_s": 35.0, "update_s": 25.0}
+                                 "mean_searches": 1.0, "stage_s": 35.0, "update_s": 25.0}
     assert arm["windows"][1]["steps"] == [2, 2] and arm["windows"][1]["em"] == 0.5
-    assert arm["update_s_median"] == 30.0 and arm["step_s_median"] == 40.0
+    assert arm["update_s_median"] == 30.0 and arm["stage_s_median"] == 40.0
     assert arm["eval"]["em"] == 0.1 and arm["eval"]["per_dataset"]["popqa"]["n"] == 3
     control_arm = result["arms"]["control"]
     assert control_arm["update_s_median"] is None and control_arm["windows"][0]["update_s"] is None

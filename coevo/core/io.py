@@ -25,13 +25,29 @@ def cache_root() -> Path:
     return Path(os.environ.get("COEVO_CACHE", "~/.cache/coevo")).expanduser()
 
 
+def _process_umask() -> int:
+    mask = os.umask(0o022)
+    os.umask(mask)
+    return mask
+
+
+# mkstemp creates 0600 files; a file that plain open() would have made 0644 (umask 022) must
+# stay readable to the colleagues who audit a run's dumps and results. Read once, at import:
+# os.umask can only be read by setting it, which would race with other threads' file creation.
+_NEW_FILE_MODE = 0o666 & ~_process_umask()
+
+
 def atomic_write_text(path: str | os.PathLike, text: str) -> None:
-    """Write `text` to `path` via a temp file in the same directory + fsync + rename."""
+    """Write `text` to `path` via a temp file in the same directory + fsync + rename.
+
+    The file gets the mode open() would give a new file (0666 less the umask), not mkstemp's 0600.
+    """
     path = Path(path)
     path.parent.mkdir(parents=True, exist_ok=True)
     fd, tmp = tempfile.mkstemp(prefix=f".{path.name}.", suffix=".tmp", dir=path.parent)
     try:
         with os.fdopen(fd, "w", encoding="utf-8") as f:
+            os.fchmod(f.fileno(), _NEW_FILE_MODE)
             f.write(text)
             f.flush()
             os.fsync(f.fileno())

@@ -213,3 +213,14 @@ def test_sibling_names_belong_to_exactly_one_target(tmp_path):
     assert io.is_sibling_of(name, t)
     assert not io.is_sibling_of(io.unique_sibling(tmp_path / "a-b").name, t)
     assert not io.is_sibling_of(".tmp-a-xyz", t) and not io.is_sibling_of("a", t)
+
+
+def test_atomic_write_text_gives_the_mode_open_gives_and_replaces_whole(tmp_path):
+    plain = tmp_path / "plain.txt"
+    plain.write_text("x", encoding="utf-8")
+    written = tmp_path / "written.txt"
+    io.atomic_write_text(written, "old")
+    io.atomic_write_text(written, "new\n")
+    assert written.read_text(encoding="utf-8") == "new\n"
+    assert (written.stat().st_mode & 0o777) == (plain.stat().st_mode & 0o777)
+    assert [p.name for p in tmp_path.iterdir() if p.name.startswith(".")] == []  # no temp left

@@ -6,7 +6,7 @@ import copy
 import pytest
 import torch
 
-from coevo.core.config import PolicyConfig
+from coevo.core.config import LoraConfig, PolicyConfig
 from coevo.core.types import TrainSequence
 from coevo.train import compiled
 from coevo.train.policy import Policy
@@ -53,6 +53,32 @@ def test_a_compiled_update_steps_as_the_eager_one_and_leaves_the_layers_eager(ti
         step = max(float((a - b).abs().max()) for a, b in zip(eager.model.parameters(), before.parameters()))
         gap = max(float((a - b).abs().max()) for a, b in zip(policy.model.parameters(), eager.model.parameters()))
     assert step > 1e-3 and gap < 1e-3 * step  # the same step as eager, to float noise
+
+
+def test_a_compiled_lora_update_steps_as_the_eager_one_and_moves_only_the_adapter(tiny) -> None:
+    model, tok = tiny
+    lora = LoraConfig(rank=4, alpha=8.0)
+    policies = []
+    for compile_layers in (False, True):
+        torch.manual_seed(0)  # the same adapter initialisation in both
+        policies.append(Policy(_cfg(cpu_compile=compile_layers, lora=lora), copy.deepcopy(model), tok))
+    eager, policy = policies
+    assert len(policy.update_layers.layers) == len(compiled.decoder_layers(model))  # found inside peft's wrapper
+    calls = []
+    for i, fn in enumerate(policy.update_layers.compiled):
+        policy.update_layers.compiled[i] = lambda *a, _fn=fn, **k: calls.append(1) or _fn(*a, **k)
+    before = {n: p.detach().clone() for n, p in policy.model.named_parameters()}
+    for p in (eager, policy):
+        p.optimizer = torch.optim.SGD([q for q in p.model.parameters() if q.requires_grad], lr=0.05)
+        p.update(_batch(tok))
+    assert len(calls) == 2 * 2 * len(compiled.decoder_layers(model))  # forward + recompute, two micro-batches
+    after = dict(policy.model.named_parameters())
+    moved = {n for n, p in after.items() if float((p.detach() - before[n]).abs().max()) > 0}
+    assert moved and all("lora_" in n for n in moved)  # the base stays frozen under compilation too
+    with torch.no_grad():
+        gap = max(float((a - b).abs().max()) for a, b in zip(after.values(), eager.model.parameters()))
+        step = max(float((after[n] - before[n]).abs().max()) for n in moved)
+    assert gap < 1e-3 * step  # the same adapter step as eager, to float noise
 
 
 def test_compiled_layers_are_refused_for_an_update_through_a_kv_cache(tiny) -> None:

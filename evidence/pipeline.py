@@ -4,7 +4,7 @@
     verdicts = pipe.validate_targets(targets, reference_questions)   # SPEC §3.2
     paths = pipe.build_paths(targets, rng=seed)                       # SPEC §3.3
     paths = pipe.direct_paths(targets, support_ids)                   # or: generation=direct
-    checks = pipe.validate_questions(questions, targets, paths_used)  # SPEC §3.4 (+ open_question, retrievable)
+    checks = pipe.validate_questions(questions, targets, paths_used)  # SPEC §3.4 (+ open_question, answer_type, ...)
 """
 from __future__ import annotations
 
@@ -13,6 +13,7 @@ from typing import Any, Optional, Sequence
 from coevo.core.choices import Annotation
 from coevo.core.config import EvidenceConfig
 from coevo.core.types import EvidencePath, Verdict
+from evidence.answer_type import answer_type_verdict
 from evidence.corpus import Corpus
 from evidence.entities import build_entity_index
 from evidence.lazy_entities import EntityLookup, open_lazy_index
@@ -22,6 +23,7 @@ from evidence.validate import (
     open_question_verdict,
     retrievability_verdict,
     support_verdict,
+    target_label,
     validate_question,
 )
 
@@ -93,7 +95,9 @@ class EvidencePipeline:
         """One verdict per (question, target, path) triple.
 
         With `evidence.open_question`, yes/no questions and ones holding a tag are rejected after the
-        static checks (`open_question_verdict`). With `evidence.retrievable`, the questions that pass
+        static checks (`open_question_verdict`). With `evidence.answer_type`, a question asking for a kind
+        of answer its target's entity label rules out is rejected (evidence/answer_type.py). With
+        `evidence.retrievable`, the questions that pass
         the checks are searched as one batch for their top `evidence.retrievable_k` (default
         ranker.n_candidates, `first_search_k`: every passage the solver's first search could be shown,
         whatever the ranker picks) and must reach the answer.
@@ -102,6 +106,9 @@ class EvidencePipeline:
                     for q, t, p in zip(questions, targets, paths)]
         if self.cfg.open_question:
             verdicts = [open_question_verdict(v, q) for v, q in zip(verdicts, questions)]
+        if self.cfg.answer_type:
+            verdicts = [answer_type_verdict(v, q, target_label(str(t).strip(), self.index) if v.ok else None)
+                        for v, q, t in zip(verdicts, questions, targets)]
         if not self.cfg.retrievable:
             return verdicts
         live = [i for i, v in enumerate(verdicts) if v.ok]

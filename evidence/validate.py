@@ -8,7 +8,8 @@ Target reason codes, checked in this order: `empty`, `too_long`, `copies_referen
 Question reason codes, in order: `empty`, `not_question`, `too_short`, `too_long`,
 `multiple_questions`, `no_evidence`, `leaks_target`, `leaks_target_token`, `ok`; then, with
 `evidence.open_question` (an addition to SPEC §3.4, `open_question_verdict`), `polar_question` and
-`markup`; then, with `evidence.retrievable` (likewise, `retrievability_verdict`), `not_retrievable`.
+`markup`; then, with `evidence.answer_type` (evidence/answer_type.py), `wrong_answer_type`; then, with
+`evidence.retrievable` (likewise, `retrievability_verdict`), `not_retrievable`.
 """
 from __future__ import annotations
 
@@ -65,6 +66,12 @@ def _spacy_label(target: str, index: EntityIndex) -> Optional[str]:
     return None
 
 
+def target_label(target: str, index: EntityIndex) -> Optional[str]:
+    """The target's entity label as the target checks find it (corpus look-up first, then spaCy on the
+    target itself); None when it is not entity-like. `check_target_form` and `evidence.answer_type` share it."""
+    return _index_label(target, index) or _spacy_label(target, index)
+
+
 def check_target_form(target: Any, index: EntityIndex, reference_question: Any = None,
                       max_chars: int = 80) -> tuple[Optional[Verdict], str]:
     """The checks before retrieval: (rejection or None, entity label when accepted so far).
@@ -83,7 +90,7 @@ def check_target_form(target: Any, index: EntityIndex, reference_question: Any =
     norm = normalize_answer(text)
     if ref and (norm == ref or (len(ref.split()) >= 3 and ref in norm) or token_f1(norm, ref) >= COPY_F1):
         return _reject("copies_reference"), ""
-    label = _index_label(text, index) or _spacy_label(text, index)
+    label = target_label(text, index)
     if label is None:
         return _reject("not_entity", "no entity-like span of an allowed type"), ""
     return None, label

@@ -81,6 +81,9 @@ class EvidenceConfig:
     # Not SPEC §3.4 (off in the paper presets): a yes/no question, or one holding a tag, is rejected.
     open_question: bool = key(
         False, "polar_question / markup: a question opening with Is, Does, Can, ... or holding a <tag>")
+    # Not SPEC §3.4 (off in the paper presets): a question asking for a kind its target is not is rejected.
+    answer_type: bool = key(
+        False, "wrong_answer_type: who/where/when/how many/which city ... against the target's entity label")
     # Not SPEC §3.4 (off in the paper presets): a task the solver's first search cannot reach is rejected.
     retrievable: bool = key(
         False, "not_retrievable unless the question's top retrievable_k hold the target or hop 1's page")

@@ -187,7 +187,7 @@ def test_learning_levers_default_to_todays_behaviour():
     assert cfg.ranker.reasoning and not cfg.ranker.prime_tag and not cfg.evidence.support_head
     assert not any(getattr(cfg, role).keep_zero_advantage for role in ("proposer", "solver", "ranker"))
     assert cfg.evidence.hops == "longest" and not cfg.proposer.curriculum.enabled and not cfg.evidence.retrievable
-    assert not cfg.evidence.open_question
+    assert not cfg.evidence.open_question and not cfg.evidence.answer_type
 
 
 # Run 5's overrides in docs/learning.md (the command its curves come from), written out by hand.
@@ -209,7 +209,8 @@ AFTER_RUN5 = ["proposer.curriculum.enabled=true", "evidence.retrievable=true",
               "proposer.max_prompt_tokens=512", "ranker.max_prompt_tokens=768",
               "evidence.open_question=true",  # after run 7
               "proposer.cpu_bf16_autocast=true", "solver.cpu_bf16_autocast=true", "ranker.cpu_bf16_autocast=true",
-              "solver.cpu_compile=true", "ranker.cpu_compile=true"]  # after run 9
+              "solver.cpu_compile=true", "ranker.cpu_compile=true",  # after run 9
+              "evidence.answer_type=true"]  # after the warm-started co-evolution probe
 
 
 def test_small_learning_preset_is_run_5s_configuration():

@@ -30,15 +30,21 @@ def _batch(tok) -> list[TrainSequence]:  # noqa: ANN001
     return out
 
 
+def _count_compiled_calls(policy: Policy) -> list[int]:
+    """A list that grows by one at each call through the policy's compiled layer callables."""
+    calls: list[int] = []
+    for i, fn in enumerate(policy.update_layers.compiled):
+        policy.update_layers.compiled[i] = lambda *a, _fn=fn, **k: calls.append(1) or _fn(*a, **k)
+    return calls
+
+
 def test_a_compiled_update_steps_as_the_eager_one_and_leaves_the_layers_eager(tiny) -> None:
     model, tok = tiny
     before = copy.deepcopy(model)
     eager = Policy(_cfg(), copy.deepcopy(model), tok)
     policy = Policy(_cfg(cpu_compile=True), model, tok)
     names = list(policy.model.state_dict())
-    calls = []
-    for i, fn in enumerate(policy.update_layers.compiled):  # count what runs through the compiled callables
-        policy.update_layers.compiled[i] = lambda *a, _fn=fn, **k: calls.append(1) or _fn(*a, **k)
+    calls = _count_compiled_calls(policy)
     graphs = torch._dynamo.utils.counters["stats"]["unique_graphs"]
     batch = _batch(tok)
     for p in (eager, policy):
@@ -64,9 +70,7 @@ def test_a_compiled_lora_update_steps_as_the_eager_one_and_moves_only_the_adapte
         policies.append(Policy(_cfg(cpu_compile=compile_layers, lora=lora), copy.deepcopy(model), tok))
     eager, policy = policies
     assert len(policy.update_layers.layers) == len(compiled.decoder_layers(model))  # found inside peft's wrapper
-    calls = []
-    for i, fn in enumerate(policy.update_layers.compiled):
-        policy.update_layers.compiled[i] = lambda *a, _fn=fn, **k: calls.append(1) or _fn(*a, **k)
+    calls = _count_compiled_calls(policy)
     before = {n: p.detach().clone() for n, p in policy.model.named_parameters()}
     for p in (eager, policy):
         p.optimizer = torch.optim.SGD([q for q in p.model.parameters() if q.requires_grad], lr=0.05)

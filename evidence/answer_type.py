@@ -9,7 +9,8 @@ The contract, deterministic and model-free:
 - `asked_kind(question)` reads what the question asks for from its first asking wh-word (the
   question's first word, or one after a preposition or a request: not a relative "who"): who/whom/whose → a
   person, where → a place, when → a time, how many/much/long/… → a number, what/which + a noun it
-  knows ("which city", "what is the name of the river") → that noun's kind. Anything else (no wh-word,
+  knows heading the phrase that follows ("which city", "what is the name of the river", "which Roman
+  emperor") → that noun's kind. Anything else (no wh-word,
   "what is …" with a noun not listed, "why") asks for no known kind and is never rejected.
 - Each kind lists the entity labels (spaCy's, as the target checks found them: `target_label`) an
   answer of that kind may carry. A target whose label is typed (`TYPED_LABELS`) and not in the list is
@@ -40,7 +41,8 @@ ANSWER_LABELS: dict[str, frozenset[str]] = {
 _NOUN_KINDS = {
     "person": """person people man woman king queen president emperor empress author writer poet novelist
         playwright actor actress singer composer musician scientist physicist chemist mathematician
-        philosopher painter artist inventor explorer ruler founder pope politician""",
+        philosopher painter artist inventor explorer ruler founder pope politician leader soldier god
+        goddess character""",
     "settlement": "city capital town village country nation municipality",
     "geography": "river mountain lake sea ocean desert island continent peninsula volcano",
     "time": "year century decade date month",
@@ -51,7 +53,12 @@ _HOW = {"many": "number", "much": "number", "long": "number", "old": "number", "
         "tall": "number", "high": "number", "big": "number", "large": "number", "deep": "number"}
 _WH_KIND = {"who": "person", "whom": "person", "whose": "person", "where": "place", "when": "time"}
 # Words between "what/which" and the noun that names the kind: "what is the name of the river".
-_FILLERS = frozenset("is was are were the a an name of".split())
+_FILLERS = frozenset("is was are were the a an name kind type sort of".split())
+# Words that end the noun phrase after the fillers: an auxiliary, a relative pronoun, a preposition, or an
+# article (after the fillers one starts a new phrase: "what connects the city …" names no kind).
+_PHRASE_END = frozenset("""who whom whose which that is was are were did does do has have had can could will would
+    in on at of to by for from with and or between into through across over under near about after before
+    during the a an""".split())
 # A wh-word asks the question only where it opens it or follows one of these ("in which year", "do you
 # know who", "… is which town"); after a noun it opens a relative clause ("the scientist who found it").
 _ASK_AFTER = frozenset("""in on at of to by for from with during after before under since until into near about
@@ -75,10 +82,20 @@ def asked_kind(question: Any) -> Optional[str]:
         if word == "how":
             return _HOW.get(words[i + 1]) if i + 1 < len(words) else None
         if word in ("what", "which"):
-            rest = words[i + 1:i + 7]
-            while rest and rest[0] in _FILLERS:
-                rest.pop(0)
-            return ASK_NOUNS.get(rest[0]) if rest else None
+            return _noun_kind(words[i + 1:i + 14])
+    return None
+
+
+def _noun_kind(rest: list[str]) -> Optional[str]:
+    """The kind named by the noun phrase after "what/which": fillers skipped, then the first listed noun
+    before the phrase ends ("the German Communist Party leader who …" → person; "city's mayor" → None)."""
+    while rest and rest[0] in _FILLERS:
+        rest = rest[1:]
+    for word in rest[:5]:
+        if word in ASK_NOUNS:
+            return ASK_NOUNS[word]
+        if word in _PHRASE_END or any(ch.isdigit() for ch in word) or "'" in word or "’" in word:
+            return None
     return None
 
 

@@ -28,13 +28,12 @@ from coevo.core.types import Verdict
 from evidence.mentions import ALLOWED_LABELS, VALUE_LABELS
 
 TYPED_LABELS = (ALLOWED_LABELS - {"NP", "TITLE"}) | VALUE_LABELS
-_TIME = frozenset({"DATE", "TIME", "CARDINAL", "EVENT"})
 ANSWER_LABELS: dict[str, frozenset[str]] = {
     "person": frozenset({"PERSON", "ORG", "NORP", "GPE"}),  # who won: a team, a party, a country
     "place": frozenset({"GPE", "LOC", "FAC", "ORG"}),  # where: a city, a region, a building, a university
     "settlement": frozenset({"GPE"}),  # which city / capital / country: not a river or a desert
     "geography": frozenset({"LOC", "GPE", "FAC"}),  # which river / mountain / island
-    "time": _TIME,
+    "time": frozenset({"DATE", "TIME", "CARDINAL", "EVENT"}),
     "number": VALUE_LABELS | {"DATE"},
     "language": frozenset({"LANGUAGE", "NORP"}),
 }
@@ -49,8 +48,7 @@ _NOUN_KINDS = {
     "language": "language",
 }
 ASK_NOUNS = {noun: kind for kind, nouns in _NOUN_KINDS.items() for noun in nouns.split()}
-_HOW = {"many": "number", "much": "number", "long": "number", "old": "number", "far": "number",
-        "tall": "number", "high": "number", "big": "number", "large": "number", "deep": "number"}
+_HOW_NUMBER = frozenset("many much long old far tall high big large deep".split())  # "how many …" asks a number
 _WH_KIND = {"who": "person", "whom": "person", "whose": "person", "where": "place", "when": "time"}
 # Words between "what/which" and the noun that names the kind: "what is the name of the river".
 _FILLERS = frozenset("is was are were the a an name kind type sort of".split())
@@ -80,7 +78,7 @@ def asked_kind(question: Any) -> Optional[str]:
         if word in _WH_KIND:
             return _WH_KIND[word]
         if word == "how":
-            return _HOW.get(words[i + 1]) if i + 1 < len(words) else None
+            return "number" if i + 1 < len(words) and words[i + 1] in _HOW_NUMBER else None
         if word in ("what", "which"):
             return _noun_kind(words[i + 1:i + 14])
     return None

@@ -16,9 +16,15 @@ AFTER_INSTALL := $(BIN)/pip uninstall -q -y torchvision torchaudio torchcodec ||
 else ifeq ($(DEVICE),cuda)
 STAMP := $(VENV)/.installed-cuda
 EXTRAS := test,vllm-cuda
-# A local wheel directory or index can still shadow the CUDA torch: fail here, not at the first model.
+# A local wheel directory or index can still shadow the CUDA torch, and a CUDA torch may see no
+# usable GPU (no driver, one too old for its CUDA, CUDA_VISIBLE_DEVICES hiding them): fail here, not
+# at the first model. The stamp stays unwritten, so the next `make DEVICE=cuda` checks again.
 AFTER_INSTALL := $(BIN)/python -c 'import sys, torch; sys.exit(None if torch.version.cuda else \
-	"DEVICE=cuda installed torch " + torch.__version__ + ", a CPU build; see README, On GPU machines")'
+	"DEVICE=cuda installed torch " + torch.__version__ + ", a CPU build; see README, On GPU machines")' && \
+	$(BIN)/python -c 'import sys, torch; sys.exit(None if torch.cuda.is_available() else \
+	"DEVICE=cuda: torch " + torch.__version__ + " sees no usable GPU (torch.cuda.is_available() is false). " \
+	"Check that nvidia-smi lists the GPUs, that the NVIDIA driver supports CUDA " + torch.version.cuda + \
+	", and that CUDA_VISIBLE_DEVICES does not hide them; then run make DEVICE=cuda again. See README, On GPU machines")'
 else
 $(error DEVICE=$(DEVICE): use DEVICE=cpu (the default) or DEVICE=cuda)
 endif

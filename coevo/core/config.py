@@ -55,7 +55,8 @@ class RolloutConfig:
     """Generation engine shared by all policies unless a policy overrides it."""
 
     engine: Engine = key(Engine.hf, "hf | vllm")
-    vllm_enforce_eager: bool = key(True, "skip CUDA graph capture (faster start, CPU-safe)")
+    vllm_enforce_eager: Optional[bool] = key(
+        None, "skip CUDA graph capture; None: true on the CPU build of vLLM, false on CUDA (graphs decode 2-3x faster)")
 
 
 @dataclass
@@ -64,7 +65,8 @@ class RunConfig:
 
     dir: str = key("runs/${now:%Y%m%d-%H%M%S}", "run directory (tasks/, metrics.jsonl, checkpoints/)")
     steps: int = key(2, "co-evolution steps", AT_LEAST_1)
-    save_every: int = key(1, "checkpoint period in steps (and always at the end)", AT_LEAST_1)
+    save_every: Optional[int] = key(
+        None, "checkpoint period in steps (and always at the end); None: 10 with a GPU role, else 1", AT_LEAST_1)
     reference_questions: Optional[str] = key(None, "file of reference questions (default: bundled)")
     memory_check: bool = key(True, "refuse to start when the peak RAM estimate exceeds MemAvailable (train/memory.py)")
     plan_check: bool = key(
@@ -97,6 +99,9 @@ class ClusterConfig:
     gpus_per_node: int = key(8, "GPUs per node", AT_LEAST_1)
     gpu_memory_gb: float = key(
         80.0, "memory of one GPU in GB (10^9 bytes): 80 for an H100/A100-80GB, 141 for an H200", POSITIVE)
+    collective_timeout_s: float = key(
+        1800.0, "seconds a sharded role's collective may wait before failing: a step's collectives and a checkpoint "
+        "write must fit", POSITIVE)
 
 
 @dataclass

@@ -15,6 +15,7 @@ from coevo.core.choices import (
     DType,
     Engine,
     Grouping,
+    OldLogprobs,
     ProposerGeneration,
     ProposerReward,
     RankerMode,
@@ -61,6 +62,8 @@ class PolicyConfig:
     micro_batch_size: int = key(4, "sequences per forward/backward", AT_LEAST_1)
     shared_prompt: bool = key(True, "rows of a micro-batch with one prompt run it once (same math, less compute)")
     ppo_epochs: int = key(1, "passes over one batch of rollouts per update", AT_LEAST_1)
+    old_logprobs: OldLogprobs = key(OldLogprobs.auto, "pi_old: auto (trainer's for vllm on CUDA or of another dtype, "
+                                    "else engine's) | engine (rollout's) | trainer (own forward; free at 1 epoch)")
     temperature: float = key(1.0, "sampling temperature during training rollouts", NON_NEGATIVE)
     top_p: float = key(1.0, "nucleus sampling threshold", FRACTION)
     max_new_tokens: int = key(128, "generation budget per call (per turn for the solver)", AT_LEAST_1)
@@ -73,8 +76,10 @@ class PolicyConfig:
     resources: Dict[str, float] = key({}, "custom Ray resources of its actor (node labels)")
     gpu_memory_utilization: float = key(
         0.05, "vLLM share: of RAM (KV cache) on CPU, of GPU memory (+weights) on GPU", FRACTION)
-    vllm_enforce_eager: bool = key("${rollout.vllm_enforce_eager}", "skip CUDA graph capture")
-    weight_sync: WeightSync = key(WeightSync.tmpfs, "vLLM gets new weights via: tmpfs (any platform) | ipc (CUDA)")
+    vllm_enforce_eager: Optional[bool] = key("${rollout.vllm_enforce_eager}", "skip CUDA graph capture")
+    weight_sync: WeightSync = key(
+        WeightSync.auto, "vLLM gets new weights via: auto (inprocess on CUDA, tmpfs on CPU) | inprocess (engine in "
+        "this process, tensors handed over) | tmpfs (a file) | ipc (CUDA)")
     sleep_mode: bool = key(False, "vLLM frees its GPU weights and KV cache during each update (CUDA builds only)")
     gradient_checkpointing: bool = key(False, "recompute each decoder layer's activations in backward (less memory)")
     lora: LoraConfig = block(LoraConfig, "lora.rank > 0: train an adapter, not the weights")

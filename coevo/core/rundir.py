@@ -49,7 +49,7 @@ NOT_EXPERIMENT = ("run.steps", "run.dir", "run.save_every", "run.memory_check", 
                   "experiment_name", "log.*", "ray.*", "rollout.*", "retrieval.cache_dir", "retrieval.replicas",
                   "corpus.mmap", "solve.steps", "*.preset",
                   "*.engine", "*.num_cpus", "*.num_gpus", "*.gpu_memory_utilization", "*.vllm_enforce_eager",
-                  "*.weight_sync", "*.sleep_mode",
+                  "*.weight_sync", "*.sleep_mode", "cluster.collective_timeout_s",
                   "*.resources", "*.resources.*",
                   "placement.*",  # placement: where the actors ran (written by the run)
                   # how and where indexes get built, not what they hold

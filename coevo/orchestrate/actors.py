@@ -6,16 +6,18 @@ retrieval actors (corpus + index, each mapping the same files: evidence/corpus_s
 bm25s's mmap), one evidence actor (spaCy + entity index). A policy with `num_gpus = n > 1`
 is a group of n worker actors, one GPU each, sharing one torch.distributed process group
 (coevo/train/sharded.py), behind a proxy with the single actor's interface (`RemoteShardedPolicy`).
+The actors start together, except the roles serving with vLLM on GPUs: one at a time (`start_policies`).
 The proxies expose the same methods the episode code calls (`generate`, `chat_prompt_ids`, `tokenizer`, `search`,
 `corpus[pid]`), so `solver.agent.run_episodes` runs unchanged against remote actors.
 """
 from __future__ import annotations
 
 from dataclasses import dataclass, field
-from typing import Any, Optional
+from typing import Any, Callable, Optional
 
 import ray
 
+from coevo.core.choices import Engine
 from coevo.core.config import CoevoConfig, PolicyConfig
 from coevo.core.types import EvidencePath, Verdict
 from coevo.orchestrate.cluster import (  # noqa: F401  init_ray: imported from here by tests and tools
@@ -172,7 +174,8 @@ def _policy_actor(cfg: CoevoConfig, policy: PolicyConfig, role: str, seed: int, 
     wanted = tuple(needs(cfg, role, policy))
     ranks = shard_count(policy, role)
     if ranks:
-        return RemoteShardedPolicy(policy, role, seed, [opts[n] for n in rank_names(role, ranks)], wanted)
+        return RemoteShardedPolicy(policy, role, seed, [opts[n] for n in rank_names(role, ranks)], wanted,
+                                   collective_timeout_s=cfg.cluster.collective_timeout_s)
     actor = ray.remote(PolicyWorker).options(**opts[role]).remote(policy, role, seed, wanted)
     return RemotePolicy(actor, policy, role)
 
@@ -186,11 +189,55 @@ def _handles(proxies: dict[str, Optional[RemotePolicy]]) -> dict[str, Any]:
     return out
 
 
+def one_at_a_time(policies: dict[str, Optional[PolicyConfig]]) -> list[str]:
+    """The roles whose actors start one after the other: those serving with vLLM on GPUs, when two or more do.
+
+    A GPU vLLM engine takes its memory (weights, KV cache, CUDA graphs) as it starts and checks it
+    against what the device has free then: two starting together on one device (fractional
+    `num_gpus`) would count each other's allocations, or both claim the same bytes, and a start that
+    fails is then one role's, named. HF and CPU roles start together, as before (CI's start-up time).
+    """
+    gpu = [role for role, p in policies.items() if p is not None and p.num_gpus > 0 and p.engine == Engine.vllm]
+    return gpu if len(gpu) > 1 else []
+
+
+def start_policies(policies: dict[str, Optional[PolicyConfig]], make: Callable[[str, PolicyConfig], RemotePolicy],
+                   ready: Callable[[dict[str, Any]], dict[str, dict]],
+                   others: dict[str, Any]) -> tuple[dict[str, Any], dict[str, dict]]:
+    """Create and start the policy actors in role order: (role -> proxy or None, actor name -> where it runs).
+
+    `make(role, config)` creates a role's actor(s); `ready(handles)` waits until they answer
+    (`wait_until_ready`); `others`: the data actors, created before, waited for with the policies.
+    Each role of `one_at_a_time` is created, waited for and, when sharded, started (process group,
+    model, engine) before the next role is created. The other roles are created at once, their
+    constructors running together, waited for with `others`, then the sharded ones started.
+    """
+    serial = one_at_a_time(policies)
+    proxies: dict[str, Any] = {}
+    placed: dict[str, dict] = {}
+    for role, policy in policies.items():
+        proxies[role] = None if policy is None else make(role, policy)
+        if role in serial:
+            placed.update(ready(_handles({role: proxies[role]})))
+            _start_sharded(proxies[role])
+    placed.update(ready({**{n: h for n, h in _handles(proxies).items() if n not in placed}, **others}))
+    for role, proxy in proxies.items():  # every rank placed: the process groups can form
+        if role not in serial:
+            _start_sharded(proxy)
+    return proxies, placed
+
+
+def _start_sharded(proxy: Optional[RemotePolicy]) -> None:
+    if isinstance(proxy, RemoteShardedPolicy):
+        proxy.start()
+
+
 def create_actors(cfg: CoevoConfig) -> Actors:
     """Start every actor the configuration needs and return the wired proxies.
 
     The actors get the config with the driver's absolute paths (hostpaths.py); a cluster that
-    can never hold them all fails here, before any actor starts (cluster.py).
+    can never hold them all fails here, before any actor starts (cluster.py). The data actors
+    start first, the policies then as `start_policies` says (GPU vLLM roles one at a time).
     """
     init_ray(cfg)
     cfg = for_workers(cfg)
@@ -200,25 +247,25 @@ def create_actors(cfg: CoevoConfig) -> Actors:
     requests = _requests(cfg, own)
     check_schedulable(requests)
     pg, opts = placement_options(requests, cfg.ray.placement)
-    proposer = _policy_actor(cfg, cfg.proposer, "proposer", cfg.seed + 1, opts)
-    solver = _policy_actor(cfg, cfg.solver, "solver", cfg.seed + 2, opts)
-    ranker: Optional[RemotePolicy] = None
-    if cfg.ranker.mode in ("trainable", "frozen"):
-        ranker = solver if own is None else _policy_actor(cfg, own, "ranker", cfg.seed + 3, opts)
+    notes = start_notes(cfg)
     retrieval = RemoteRetriever([ray.remote(RetrievalWorker).options(**opts[name]).remote(cfg)
                                  for name in retrieval_names(cfg.retrieval.replicas)])
     evidence = RemoteEvidence(ray.remote(EvidenceWorker).options(**opts["evidence"]).remote(cfg))
+    data = {**dict(zip(retrieval_names(len(retrieval.actors)), retrieval.actors)), "evidence": evidence.actor}
+    seeds = {"proposer": cfg.seed + 1, "solver": cfg.seed + 2, "ranker": cfg.seed + 3}
+    policies, placed = start_policies(
+        {"proposer": cfg.proposer, "solver": cfg.solver, "ranker": own},
+        lambda role, p: _policy_actor(cfg, p, role, seeds[role], opts),
+        lambda handles: wait_until_ready(handles, requests, cfg.ray, call, pg, starting=notes), data)
+    proposer, solver = policies["proposer"], policies["solver"]
+    ranker: Optional[RemotePolicy] = None
+    if cfg.ranker.mode in ("trainable", "frozen"):
+        ranker = solver if own is None else policies["ranker"]
     trainable = {r: p for r, p in (("proposer", proposer), ("solver", solver)) if not p.frozen}
     if ranker is not None and ranker is not solver and not ranker.frozen:
         trainable["ranker"] = ranker
-    policies = {"proposer": proposer, "solver": solver, "ranker": ranker if own is not None else None}
-    handles = {**_handles(policies), **dict(zip(retrieval_names(len(retrieval.actors)), retrieval.actors)),
-               "evidence": evidence.actor}
-    placed = wait_until_ready(handles, requests, cfg.ray, call, pg, starting=start_notes(cfg))
-    for proxy in policies.values():  # every rank placed: the process groups can form
-        if isinstance(proxy, RemoteShardedPolicy):
-            proxy.start()
-    placement = {name: {**info, "resources": requests[name]} for name, info in placed.items()}
+    handles = {**_handles(policies), **data}
+    placement = {name: {**placed[name], "resources": requests[name]} for name in handles}
     return Actors(proposer, solver, ranker, retrieval, evidence, trainable, placement, handles)
 
 

@@ -31,6 +31,8 @@ from coevo.orchestrate.hostpaths import worker_path_env
 LOG = logging.getLogger(__name__)
 Requests = dict[str, dict[str, float]]  # actor name -> Ray resources it asks for (zeros left out)
 SEARCH_BUDGET = 200_000  # assignments `unschedulable` tries before it stops deciding (then the run waits)
+# Ray's switch (ray/_private/accelerators/accelerator.py) that hides every GPU from an actor given none.
+ZERO_GPUS_HIDE_ALL = "RAY_ACCEL_ENV_VAR_OVERRIDE_ON_ZERO"
 
 
 class ActorFailure(RuntimeError):
@@ -264,6 +266,30 @@ def record_placement(run_dir: Optional[os.PathLike | str], placement: dict[str, 
         atomic_write_text(path, text + yaml.safe_dump({"placement": placement}, sort_keys=False))
 
 
+def worker_runtime_env() -> dict[str, Any]:
+    """The runtime env of every worker of the run (`init_ray`, on a new or a joined cluster alike).
+
+    `RAY_ACCEL_ENV_VAR_OVERRIDE_ON_ZERO=1`: by default Ray (ray/_private/utils.py,
+    `set_visible_accelerator_ids`) leaves an actor that asks for no GPU with the CUDA_VISIBLE_DEVICES
+    its node started with, every GPU of the node; the CPU actors (a ranker with `num_gpus=0`,
+    retrieval, evidence) and the engines they start would then see, and may allocate on, the
+    trainers' GPUs. With it Ray sets each actor's visible devices to its own GPUs, none for none
+    (`.options(num_gpus=0)` included). Blanking CUDA_VISIBLE_DEVICES here instead would not do: a
+    worker maps its GPU ids through the variable it started with, so a GPU actor would get none.
+    """
+    root = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+    return {"env_vars": {"PYTHONPATH": root + os.pathsep + os.environ.get("PYTHONPATH", ""),
+                         "TOKENIZERS_PARALLELISM": "false",
+                         # Ray SIGKILLs an exiting worker's children, multiprocessing's resource tracker
+                         # among them, and the engines' shared memory (~160 MB each) stays in /dev/shm;
+                         # the actors' reapers end those children instead (coevo/core/lifetime.py).
+                         "RAY_kill_child_processes_on_worker_exit": "0",
+                         ZERO_GPUS_HIDE_ALL: "1",
+                         **worker_env(), **worker_path_env(),
+                         **{k: os.environ[k] for k in ("HF_HUB_OFFLINE",) if k in os.environ}},
+            "worker_process_setup_hook": WORKER_SETUP_HOOK}
+
+
 def init_ray(cfg: CoevoConfig) -> None:
     """Join `ray.address` or start a local cluster; the repo is importable in every worker.
 
@@ -271,21 +297,12 @@ def init_ray(cfg: CoevoConfig) -> None:
     its output to run.log; Ray still forwards worker stderr to the driver (`log_to_driver`), which
     then carries only build progress (everything with log.level=debug). Ray's own driver-side
     records go to run.log, and a hub found unreachable by the preflight stays offline in workers.
-    Caches and shared data reach the workers as the driver's absolute paths (hostpaths.py).
+    Caches and shared data reach the workers as the driver's absolute paths (hostpaths.py); an
+    actor sees only the GPUs it asked for (`worker_runtime_env`).
     """
     if ray.is_initialized():
         return
-    root = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
-    env = {"env_vars": {"PYTHONPATH": root + os.pathsep + os.environ.get("PYTHONPATH", ""),
-                        "TOKENIZERS_PARALLELISM": "false",
-                        # Ray SIGKILLs an exiting worker's children, multiprocessing's resource tracker
-                        # among them, and the engines' shared memory (~160 MB each) stays in /dev/shm;
-                        # the actors' reapers end those children instead (coevo/core/lifetime.py).
-                        "RAY_kill_child_processes_on_worker_exit": "0",
-                        **worker_env(), **worker_path_env(),
-                        **{k: os.environ[k] for k in ("HF_HUB_OFFLINE",) if k in os.environ}},
-           "worker_process_setup_hook": WORKER_SETUP_HOOK}
-    kwargs: dict[str, Any] = {"runtime_env": env, "include_dashboard": False, "log_to_driver": True,
+    kwargs: dict[str, Any] = {"runtime_env": worker_runtime_env(), "include_dashboard": False, "log_to_driver": True,
                               "configure_logging": False}
     if cfg.ray.address:
         kwargs["address"] = cfg.ray.address

@@ -2,7 +2,7 @@
 
 Both hold run.dir's lock throughout and write their config first (`open_run`), resume only
 from a checkpoint that verifies and only into the same experiment (`open_run`, `restore`),
-checkpoint every `run.save_every` steps and at the end (`checkpoint_due`, `save_step`), and
+checkpoint every `run.save_every` steps (`save_period`) and at the end (`checkpoint_due`, `save_step`), and
 end with one line `done: <run dir>` followed by what the directory holds (`done_report`),
 also when they stop on an error or a signal (`run_and_report`: the line then says so).
 The run-directory rules are coevo/core/rundir.py's, the checkpoint format
@@ -47,12 +47,13 @@ from coevo.train.checkpoint import (
     save_checkpoint,
 )
 from coevo.train.gpu_plan import check_gpu_plan
-from coevo.train.memory import MemoryBudgetError, check_run_memory
+from coevo.train.memory import MemoryBudgetError, check_run_memory, loaded_policies
 from coevo.train.preflight import PreflightError, check_devices, check_models
 from evidence.build_index import IndexNotBuilt, check_prebuilt
 
 log = logging.getLogger(__name__)
 KEEP_CHECKPOINTS = 2  # the newest complete checkpoints kept; older ones are deleted after each save
+GPU_SAVE_EVERY = 10  # run.save_every's default with a GPU role: its checkpoint is the whole trainer state
 
 
 def claim_run(cfg: CoevoConfig, run_dir: Path) -> RunDirLock:
@@ -168,6 +169,19 @@ def restore(ckpt: Optional[Path], run_dir: Path, actors: Any) -> tuple[int, int]
     say(f"resumed from {ckpt} (step {state['step']} done, cursor {state['cursor']})"
         + (f"; deleted the unverified {', '.join(dropped)}" if dropped else ""))
     return state["step"] + 1, state["cursor"]
+
+
+def save_period(cfg: CoevoConfig, with_proposer: bool = True) -> int:
+    """The checkpoint period: `run.save_every` when set, else `GPU_SAVE_EVERY` when a loaded role
+    (`loaded_policies`; `with_proposer=False` for coevo.solve) has `num_gpus > 0`, else 1.
+
+    A GPU role saves its fp32 weights and AdamW state (12 bytes a parameter: 91 GB for a 7B solver),
+    minutes of writing that every step would repeat; a CPU run's tiny models save every step.
+    """
+    if cfg.run.save_every is not None:
+        return cfg.run.save_every
+    on_gpu = any(policy.num_gpus > 0 for policy in loaded_policies(cfg, with_proposer).values())
+    return GPU_SAVE_EVERY if on_gpu else 1
 
 
 def checkpoint_due(step: int, steps: int, save_every: int) -> bool:

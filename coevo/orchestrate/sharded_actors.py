@@ -9,11 +9,12 @@ from __future__ import annotations
 
 import os
 import socket
+from datetime import timedelta
 from typing import Any, Optional
 
 import ray
 
-from coevo.core.config import PolicyConfig
+from coevo.core.config import ClusterConfig, PolicyConfig
 from coevo.core.types import Completion, SamplingParams
 from coevo.orchestrate.hostpaths import Need, check_host_paths
 from coevo.orchestrate.policy_actors import RemotePolicy
@@ -44,12 +45,10 @@ class ShardedWorker:
             s.bind(("", 0))
             return ray.util.get_node_ip_address(), s.getsockname()[1]
 
-    def setup(self, address: str, port: int, backend: str) -> dict:
-        """Join the process group (every rank at once), then load and shard the policy."""
-        import torch.distributed as dist
-
-        dist.init_process_group(backend, init_method=f"tcp://{address}:{port}", rank=self.rank,
-                                world_size=self.world)
+    def setup(self, address: str, port: int, backend: str, timeout_s: float) -> dict:
+        """Join the process group (every rank at once; collectives time out after `timeout_s`), then load
+        and shard the policy."""
+        join_process_group(backend, address, port, self.rank, self.world, timeout_s)
         self.policy = ShardedPolicy.from_config(self.cfg, self.role)
         return self.info()
 
@@ -79,6 +78,20 @@ class ShardedWorker:
         self._policy().load(directory)
 
 
+def join_process_group(backend: str, address: str, port: int, rank: int, world: int, timeout_s: float) -> None:
+    """Join the process group meeting at `address:port` as `rank` of `world`.
+
+    A collective (or the join itself) that waits more than `timeout_s` seconds on another rank
+    (`cluster.collective_timeout_s`) raises instead of hanging the run: a rank that died, or one
+    still writing, would otherwise leave the others waiting forever (torch's default is 30 min
+    for gloo and 10 for NCCL, whatever the step needs).
+    """
+    import torch.distributed as dist
+
+    dist.init_process_group(backend, init_method=f"tcp://{address}:{port}", rank=rank, world_size=world,
+                            timeout=timedelta(seconds=timeout_s))
+
+
 def gather(refs: list[Any], what: str) -> list[Any]:
     """Every result of `refs`, failing at the first that fails: the other ranks of a sharded
     policy may then wait forever in a collective, so waiting for all of them in order would hang."""
@@ -97,21 +110,23 @@ class RemoteShardedPolicy(RemotePolicy):
     object store once); generation and prompts go to rank 0, which generates with its own copy
     of the weights (coevo/train/sharded.py). `actor` is rank 0, `workers` all of them. Each worker
     gets `options[rank]` (its bundle); `backend` is NCCL for GPUs, gloo for CPU workers (tests).
-    `start()` joins the process group and loads the model once every worker is placed.
+    `start()` joins the process group and loads the model once every worker is placed; its
+    collectives time out after `collective_timeout_s` (`cluster.collective_timeout_s`).
     """
 
     def __init__(self, cfg: PolicyConfig, role: str, seed: int, options: list[dict], wanted: tuple[Need, ...] = (),
-                 backend: str = "nccl") -> None:
+                 backend: str = "nccl", collective_timeout_s: float = ClusterConfig.collective_timeout_s) -> None:
         remote = ray.remote(ShardedWorker)
         self.workers = [remote.options(**opts).remote(cfg, role, seed, rank, len(options), wanted)
                         for rank, opts in enumerate(options)]
-        self.backend = backend
+        self.backend, self.collective_timeout_s = backend, collective_timeout_s
         super().__init__(self.workers[0], cfg, role)
 
     def start(self) -> list[dict]:
         """Every rank's `info()` once the process group is up and the sharded model loaded."""
         address, port = call(self.workers[0].endpoint.remote(), f"{self.role} rank 0 endpoint")
-        return gather([w.setup.remote(address, port, self.backend) for w in self.workers], f"{self.role} start-up")
+        return gather([w.setup.remote(address, port, self.backend, self.collective_timeout_s) for w in self.workers],
+                      f"{self.role} start-up")
 
     def update(self, batch: list) -> dict:
         ref = ray.put(batch)

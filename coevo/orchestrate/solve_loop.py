@@ -40,7 +40,7 @@ from coevo.core.stopping import uninterrupted
 from coevo.orchestrate.actors import create_local_actors
 from coevo.orchestrate.loop import apply_updates, role_batches, solve_tasks, step_seed
 from coevo.orchestrate.outputs import MetricsLog, step_headline
-from coevo.orchestrate.persist import checkpoint_due, open_metrics, open_run, restore, save_step
+from coevo.orchestrate.persist import checkpoint_due, open_metrics, open_run, restore, save_period, save_step
 from coevo.orchestrate.timing import StageTimer, breakdown_line, update_tokens
 from solver.agent import Episode, Task
 from solver.ranker import RankerCall
@@ -180,7 +180,7 @@ def _solve_steps(cfg: SolveRootConfig, actors: Any, tasks: list[Task], metrics: 
             written = time.perf_counter()
             with uninterrupted():  # a stop signal waits for the step's metrics and checkpoint to be whole
                 metrics.log(step, m)  # first: bench/memory.py reads metrics.jsonl when the step's line appears
-                if checkpoint_due(step, cfg.solve.steps, cfg.run.save_every):
+                if checkpoint_due(step, cfg.solve.steps, save_period(cfg, with_proposer=False)):
                     save_step(Path(cfg.run.dir), step, cursor, actors)
                 emit(cfg.run.dir, STEP, step=step)
             history.append({"step": step, **m})

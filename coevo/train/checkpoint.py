@@ -1,7 +1,8 @@
 """Checkpoints and resume (SPEC §5.3).
 
-`<run_dir>/checkpoints/step_<n>/` holds one HF directory per trainable policy (written by
-its actor, optimizer state included), `state.json` (step, data cursor, driver RNG states,
+`<run_dir>/checkpoints/step_<n>/` holds one directory per trainable policy (written by its
+actor, optimizer state included: an HF model directory + `optimizer.pt`, or a sharded role's
+shards, coevo/train/sharded_io.py), `state.json` (step, data cursor, driver RNG states,
 and the run's other state such as the hop curriculum's) and a `COMPLETE` marker listing the
 size and SHA-256 of every other file. The directory is assembled under a temp name and
 renamed in one step, so a run killed at any moment leaves either a complete checkpoint or a
@@ -30,6 +31,8 @@ from coevo.core.io import atomic_dir, atomic_write_text, step_name, step_of, uni
 
 MARKER = "COMPLETE"
 OPTIMIZER_FILE = "optimizer.pt"  # in each role's directory (every role a checkpoint holds is trainable)
+# Marks a sharded role's directory (coevo/train/sharded_io.py), whose shards hold its optimizer state instead.
+SHARDED_MANIFEST = "sharded.json"
 MARKER_FORMAT = 1  # version of the marker's JSON (`{"format": 1, "files": {path: {"size", "sha256"}}}`)
 _CHUNK = 1 << 20
 
@@ -143,8 +146,10 @@ def verify_checkpoint(checkpoint: Path) -> Optional[str]:
             state = read_state(checkpoint)
         except RuntimeError as e:
             return str(e)
+        # A sharded role's optimizer state is in its shards, which its manifest's presence vouches for.
         problems = [f"it holds no optimizer state of role {role} ({role}/{OPTIMIZER_FILE})"
-                    for role in state.get("roles", []) if f"{role}/{OPTIMIZER_FILE}" not in listed]
+                    for role in state.get("roles", [])
+                    if f"{role}/{OPTIMIZER_FILE}" not in listed and f"{role}/{SHARDED_MANIFEST}" not in listed]
         if state.get("step") != step_of(checkpoint.name):
             problems.append(f"its state.json says step {state.get('step')}")
     if not problems:

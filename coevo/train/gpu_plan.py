@@ -15,6 +15,8 @@ Per GPU role, in bytes (`GpuPlan.terms`):
 - `engine`: vLLM's `gpu_memory_utilization` x the GPU (its weights and KV cache), held
   throughout; with `sleep_mode` it is freed for each update, so it is a transient beside `update`;
 - `cuda_context`: the trainer process's CUDA context and kernels (`CUDA_CONTEXT`, assumed);
+  `engine_context` (engine=vllm in a process of its own: `weight_sync` tmpfs or ipc): that process's,
+  outside its utilization share;
 - sharded (`num_gpus = n > 1`): `weights`, `grads`, `optimizer` and `reference` are divided by n
   (FSDP2 keeps 1/n of each on every rank); activations, the engine and the CUDA context stay per
   GPU; rank 0 adds `generation_copy` for `engine=hf` (its own unsharded weights to generate with,
@@ -24,7 +26,13 @@ Per GPU role, in bytes (`GpuPlan.terms`):
 - transient, largest one counted: `update` (one micro-batch's saved activations, bf16 under
   autocast, with or without gradient checkpointing; the LM head's logits at the completion
   positions only, coevo/core/grpo.py; the autocast bf16 copy of fp32 weights) or
-  `generation` (HF engine: KV cache of the rows of one generate call, `generation_rows` of them at most).
+  `generation` (HF engine: KV cache of the rows of one generate call, `generation_rows` of them at most)
+  or `weight_sync` (the sync's gather after an update, `sync["device"]`; plus the engine under sleep_mode).
+Other moments (coevo/train/gpu_terms.py has the model of each): `startup` (per rank while the trainer
+state is built, before any engine: `startup_peak` must fit too), `engine_start` (vLLM's own check that
+the memory free when it starts covers `gpu_memory_utilization` x the GPU: a plan that fails it does not
+fit), `sync` and `checkpoint` (device and host bytes of one weight sync and one save) and `host` (rank
+0's host RAM at start-up, sync and save; reported, not checked against anything).
 The activation constants are coevo/train/memory.py's, measured on the CPU; on a GPU they are
 unverified until `bench/update.py` measures them.
 """
@@ -36,6 +44,16 @@ from dataclasses import dataclass, field
 from typing import Any, Optional
 
 from coevo.core.config import CoevoConfig, PolicyConfig
+from coevo.train.gpu_terms import (
+    CUDA_CONTEXT,
+    EngineStart,
+    checkpoint_terms,
+    engine_process,
+    engine_start,
+    startup_host,
+    startup_terms,
+    sync_terms,
+)
 from coevo.train.memory import (
     DTYPE_BYTES,
     activation_bytes,
@@ -50,7 +68,6 @@ from coevo.train.shapes import ModelShape, adapter_parameters, meta_model, publi
 from coevo.train.sharded import shard_count
 
 GB = 1e9
-CUDA_CONTEXT = 1 << 30  # a torch process's CUDA context, cuBLAS/cuDNN workspaces (assumed, ~0.5-1 GiB in practice)
 HEADROOM = 0.05  # share of a GPU left to allocator fragmentation: a plan above 95 % does not fit
 LORA_SUGGESTION = 64  # rank the planner tries when full fine-tuning does not fit
 GENERATION_ROWS_SUGGESTION = 32  # HF rows per generate call the planner tries when the KV cache does not fit
@@ -69,6 +86,11 @@ class GpuPlan:
     budget: int  # bytes of GPU memory this role may use on one GPU
     terms: dict[str, int] = field(default_factory=dict)
     transient: dict[str, int] = field(default_factory=dict)
+    startup: dict[str, int] = field(default_factory=dict)  # device bytes per rank while the state is built
+    engine_start: Optional[EngineStart] = None  # vLLM's free-memory precondition (engine=vllm)
+    sync: dict[str, int] = field(default_factory=dict)  # one weight sync: "device", "host" bytes
+    checkpoint: dict[str, int] = field(default_factory=dict)  # one save: "device", "host" bytes
+    host: dict[str, int] = field(default_factory=dict)  # rank 0's host RAM at start-up, sync, checkpoint
     notes: list[str] = field(default_factory=list)
     would_fit: list[str] = field(default_factory=list)  # the fewest cumulative overrides that fit (`_ladder`)
 
@@ -77,15 +99,32 @@ class GpuPlan:
         return sum(self.terms.values()) + max(self.transient.values(), default=0)
 
     @property
+    def startup_peak(self) -> int:
+        return sum(self.startup.values())
+
+    @property
+    def usable(self) -> float:
+        return self.budget * (1 - HEADROOM)
+
+    @property
     def fits(self) -> bool:
-        return self.total <= self.budget * (1 - HEADROOM)
+        """Steady peak and start-up peak within the usable budget, and a vLLM engine that would start."""
+        starts = self.engine_start is None or self.engine_start.ok
+        return self.total <= self.usable and self.startup_peak <= self.usable and starts
 
     def to_record(self) -> dict:
         """The JSON line of `coevo.plan`: sizes in GB (10^9 bytes)."""
-        gb = {k: round(v / GB, 2) for k, v in {**self.terms, **self.transient}.items()}
-        return {"role": self.role, "gpus": self.gpus, **gb, "total_per_gpu_gb": round(self.total / GB, 2),
-                "gpu_budget_gb": round(self.budget / GB, 2), "fits": self.fits, "would_fit": self.would_fit,
-                "notes": self.notes}
+        def gb(terms: dict[str, int]) -> dict[str, float]:
+            return {k: round(v / GB, 2) for k, v in terms.items()}
+
+        start = self.engine_start
+        vllm = None if start is None else {"free_gb": round(start.free / GB, 2), "requested_gb": round(
+            start.requested / GB, 2), "ok": start.ok, "rule": start.rule}
+        return {"role": self.role, "gpus": self.gpus, **gb({**self.terms, **self.transient}),
+                "total_per_gpu_gb": round(self.total / GB, 2), "gpu_budget_gb": round(self.budget / GB, 2),
+                "startup_peak_gb": round(self.startup_peak / GB, 2), "startup_gb": gb(self.startup),
+                "vllm_start": vllm, "sync_gb": gb(self.sync), "checkpoint_gb": gb(self.checkpoint),
+                "host_gb": gb(self.host), "fits": self.fits, "would_fit": self.would_fit, "notes": self.notes}
 
 
 def completion_tokens(cfg: CoevoConfig, role: str, policy: PolicyConfig) -> int:
@@ -149,6 +188,8 @@ def role_plan(cfg: CoevoConfig, role: str, policy: PolicyConfig, shape: ModelSha
             logit_tokens=completion_tokens(cfg, role, policy) * rows)
     if str(policy.engine) == "vllm":  # sleep_mode frees it for the update: the larger of the two counts, not both
         (plan.transient if policy.sleep_mode else plan.terms)["engine"] = int(policy.gpu_memory_utilization * gpu_bytes)
+        if engine_process(policy):  # its own process's context, outside its utilization share
+            plan.terms["engine_context"] = CUDA_CONTEXT
     else:
         rows = rows_at_once(policy, generated_rows(cfg, role, with_proposer))
         plan.transient["generation"] = generation_bytes(shape, 2 if bf16 else size, rows,
@@ -158,7 +199,34 @@ def role_plan(cfg: CoevoConfig, role: str, policy: PolicyConfig, shape: ModelSha
         _shard_terms(plan, policy, shape, ranks, bf16)
         plan.notes.append(f"{role}.num_gpus={ranks}: FSDP2 shards weights, gradients, optimizer state and reference "
                           f"over {ranks} GPUs; activations and the engine are per GPU; planned: rank 0 (it generates)")
+    _moment_terms(plan, policy, shape, adapter, ranks, bf16, gpu_bytes)
     return plan
+
+
+def _moment_terms(plan: GpuPlan, policy: PolicyConfig, shape: ModelShape, adapter: int, ranks: int, bf16: bool,
+                  gpu_bytes: int) -> None:
+    """Start-up, vLLM's precondition, weight sync and checkpoint (coevo/train/gpu_terms.py), from the steady terms."""
+    size = DTYPE_BYTES[str(policy.dtype)]
+    serving = 2 if bf16 else size
+    plan.startup = startup_terms(plan.terms, shape, ranks, size)
+    sync_device, sync_host = sync_terms(policy, shape, ranks, serving, size)
+    plan.sync = {"device": sync_device, "host": sync_host}
+    if sync_device:  # after the update; a sleeping engine wakes around the sync: both at once
+        plan.transient["weight_sync"] = sync_device + plan.transient.get("engine", 0)
+    save_device, save_host = checkpoint_terms(policy, shape, adapter, ranks, size)
+    plan.checkpoint = {"device": save_device, "host": save_host}
+    plan.host = {"startup": startup_host(policy, shape, size, serving), "sync": sync_host, "checkpoint": save_host}
+    if str(policy.engine) != "vllm":
+        return
+    # What vLLM measures: the trainer state built (the broadcast's buffers gone with empty_cache), an engine
+    # process's own CUDA context; on a share of a GPU the other shares are taken.
+    held = plan.startup_peak - plan.startup.get("broadcast", 0) + plan.terms.get("engine_context", 0)
+    plan.engine_start = engine_start(gpu_bytes, plan.budget - held, float(policy.gpu_memory_utilization))
+    if plan.engine_start.fallback:
+        plan.notes.append(f"vLLM start-up precondition {plan.engine_start.rule}")
+    if plan.budget < gpu_bytes:
+        plan.notes.append(f"{plan.role}.num_gpus={plan.gpus:g}: vLLM's free memory assumes the GPU's other "
+                          "shares are in use")
 
 
 def _ladder(role: str, policy: PolicyConfig, cfg: CoevoConfig) -> list[tuple[str, PolicyConfig, CoevoConfig]]:
@@ -246,17 +314,35 @@ def plan_message(plans: list[GpuPlan], cfg: CoevoConfig, with_proposer: bool = T
                      f"{cfg.cluster.nodes} x {cfg.cluster.gpus_per_node} = {have}")
     for p in plans:
         if not p.fits:
-            biggest = sorted({**p.terms, **p.transient}.items(), key=lambda kv: -kv[1])[:3]
-            terms = ", ".join(f"{k} {v / GB:.1f}" for k, v in biggest)
-            fix = (f"; fits with {' | '.join(p.would_fit)}" if p.would_fit
-                   else f"; none of the changes the planner tries fits; a larger {p.role}.num_gpus (FSDP2) shares "
-                   "its weights, gradients and optimizer state out")
-            lines.append(f"{p.role} needs {p.total / GB:.1f} GB on one GPU, {p.budget * (1 - HEADROOM) / GB:.1f} GB "
-                         f"usable of cluster.gpu_memory_gb={cfg.cluster.gpu_memory_gb:g} (largest: {terms} GB){fix}")
+            lines += _reasons(p, cfg)
     if not lines:
         return None
     return ("coevo: the GPU plan does not fit (python -m coevo.plan with the same overrides prints every term):\n  "
             + "\n  ".join(lines) + "\nSkip this check with run.plan_check=false.")
+
+
+def _reasons(p: GpuPlan, cfg: CoevoConfig) -> list[str]:
+    """Why one role does not fit: its steady peak, its start-up peak, vLLM's precondition; then what would fit."""
+    out, usable = [], f"{p.usable / GB:.1f} GB usable of cluster.gpu_memory_gb={cfg.cluster.gpu_memory_gb:g}"
+    if p.total > p.usable:
+        biggest = sorted({**p.terms, **p.transient}.items(), key=lambda kv: -kv[1])[:3]
+        terms = ", ".join(f"{k} {v / GB:.1f}" for k, v in biggest)
+        out.append(f"{p.role} needs {p.total / GB:.1f} GB on one GPU, {usable} (largest: {terms} GB)")
+    if p.startup_peak > p.usable:
+        out.append(f"{p.role} needs {p.startup_peak / GB:.1f} GB per GPU at start-up (before any engine), {usable}; "
+                   f"a larger {p.role}.num_gpus shards what it holds then")
+    start = p.engine_start
+    if start is not None and not start.ok:
+        most = max(0.0, math.floor(start.free / (cfg.cluster.gpu_memory_gb * GB) * 1000) / 1000)
+        out.append(f"{p.role}'s vLLM engine would refuse to start ({start.rule}): {start.free / GB:.1f} GB free when "
+                   f"it starts (after the trainer state) < {start.requested / GB:.1f} GB requested; set "
+                   f"{p.role}.gpu_memory_utilization <= {most:g} or a larger {p.role}.num_gpus"
+                   + (f". vLLM: {start.message.rstrip('.')}" if start.message else ""))
+    fix = (f"fits with {' | '.join(p.would_fit)}" if p.would_fit
+           else f"none of the changes the planner tries fits; a larger {p.role}.num_gpus (FSDP2) shares its weights, "
+                "gradients and optimizer state out")
+    out[-1] += f"; {fix}"
+    return out
 
 
 def check_gpu_plan(cfg: CoevoConfig, with_proposer: bool = True) -> Optional[list[GpuPlan]]:

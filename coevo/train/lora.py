@@ -7,12 +7,18 @@
   so no second copy of the weights is kept;
 - `merged_state_dict` gives an engine that serves a copy (vLLM) plain weights under the base
   model's names, W + scale * B A per wrapped layer, computed on the fly: the training model is
-  never merged, so its base weights stay bit-identical;
+  never merged, so its base weights stay bit-identical. The sum is taken in fp32 over the fp32
+  original W and cast once: over a bf16 base loaded from a checkpoint that stores W wider (fp32),
+  `apply_lora` keeps those originals on the host (`fp32_originals`), else a change smaller than
+  half a bf16 step of W (at lr 1e-6, nearly all of them) would round back to the bf16 W and the
+  served model would never move. Where the checkpoint stores W in bf16, the bf16 W is the original;
+  a served bf16 copy then moves only where the change exceeds half a step;
 - checkpoints hold the adapter (peft's `adapter_config.json` + `adapter_model.safetensors`);
   `load_merged` reads one for evaluation (the base from `<role>.model`, the adapter merged in).
 """
 from __future__ import annotations
 
+import logging
 from pathlib import Path
 from typing import Any
 
@@ -20,9 +26,12 @@ import torch
 
 from coevo.core.config import LoraConfig
 
+LOG = logging.getLogger("coevo.lora")
 ADAPTER_CONFIG = "adapter_config.json"
 ADAPTER_NAME = "default"  # peft's name of the one adapter a policy trains
 BASE_DTYPES = (torch.float32, torch.bfloat16)  # a frozen base may be bf16; fp16 risks overflow in the forward
+BASE_FP32 = "coevo_base_fp32"  # attribute of a wrapped layer: its base weight's fp32 original, on the host
+SAFETENSORS_DTYPES = {"F32": torch.float32, "F64": torch.float64, "BF16": torch.bfloat16, "F16": torch.float16}
 
 
 def is_adapter_dir(path: str | Path) -> bool:
@@ -59,7 +68,8 @@ def check_target_modules(model: torch.nn.Module, cfg: LoraConfig, role: str) -> 
 
 
 def apply_lora(model: torch.nn.Module, cfg: LoraConfig, role: str) -> Any:
-    """`model` (a PreTrainedModel) as a peft LoRA model: base frozen, fp32 adapter trainable."""
+    """`model` (a PreTrainedModel) as a peft LoRA model: base frozen, fp32 adapter trainable; over a bf16 base,
+    the wrapped weights' fp32 originals (`fp32_originals`) kept on the host for `merged_state_dict`."""
     from peft import LoraConfig as PeftLoraConfig
     from peft import get_peft_model
 
@@ -71,6 +81,7 @@ def apply_lora(model: torch.nn.Module, cfg: LoraConfig, role: str) -> Any:
     model.requires_grad_(False)
     peft_cfg = PeftLoraConfig(r=int(cfg.rank), lora_alpha=float(cfg.alpha), target_modules=list(cfg.target_modules),
                               lora_dropout=0.0, bias="none", task_type="CAUSAL_LM")
+    source = str(getattr(model, "name_or_path", "") or "")
     peft_model = get_peft_model(model, peft_cfg, adapter_name=ADAPTER_NAME)
     for name, param in peft_model.named_parameters():
         if "lora_" in name:
@@ -79,31 +90,102 @@ def apply_lora(model: torch.nn.Module, cfg: LoraConfig, role: str) -> Any:
             param.requires_grad_(True)
         elif param.requires_grad:
             raise RuntimeError(f"LoRA {role}: base parameter {name} is trainable; only adapter weights may be")
+    if base_dtype != torch.float32:
+        layers = _lora_layers(peft_model.get_base_model())
+        originals = fp32_originals({f"{n}.weight": layer.base_layer.weight for n, layer in layers}, source, role)
+        for n, layer in layers:
+            if f"{n}.weight" in originals:
+                setattr(layer, BASE_FP32, originals[f"{n}.weight"])
     return peft_model
+
+
+def _lora_layers(model: torch.nn.Module) -> list[tuple[str, Any]]:
+    """(name, layer) of every peft LoRA layer of `model`, in module order."""
+    from peft.tuners.lora import LoraLayer
+
+    return [(name, m) for name, m in model.named_modules() if isinstance(m, LoraLayer)]
+
+
+def _safetensors_files(source: str) -> list[Path]:
+    """The safetensors files of checkpoint `source` (a directory, or a hub id already in the local cache)."""
+    if Path(source).is_dir():
+        return sorted(Path(source).glob("*.safetensors"))
+    from huggingface_hub import snapshot_download
+
+    return sorted(Path(snapshot_download(source, allow_patterns=["*.safetensors"], local_files_only=True))
+                  .glob("*.safetensors"))
+
+
+def fp32_originals(weights: dict[str, torch.Tensor], source: str, role: str) -> dict[str, torch.Tensor]:
+    """fp32 CPU copies, by name, of the loaded (narrower) `weights` that checkpoint `source` stores wider.
+
+    A weight the checkpoint stores in its loaded dtype is its own original: no copy. A wider one
+    is read in fp32 and kept if it rounds to the loaded weight bit for bit (the model came from
+    this file). Otherwise (no safetensors files, a name missing, a weight that is not the file's,
+    e.g. an adapter `checkpoint` merged at load) a warning and no copies: the merge then starts
+    from the loaded weights, and a change below half their step is not served.
+    """
+    try:
+        out, reason = _read_originals(weights, _safetensors_files(source) if source else [])
+    except (OSError, ValueError) as err:  # a hub id not in the local cache, or not a valid id
+        out, reason = {}, f"{type(err).__name__}: {err}"
+    if reason:
+        dtype = str(next(iter(weights.values())).dtype).replace("torch.", "")
+        LOG.warning("LoRA %s: the served merge starts from the loaded %s weights, not fp32 originals (%s from "
+                    "%r): a change below half a step of a weight is not served", role, dtype, reason, source)
+    elif out:
+        LOG.info("LoRA %s: fp32 originals of %d wrapped weights kept on the host for the merge (%.2f GiB)",
+                 role, len(out), sum(t.numel() for t in out.values()) * 4 / 2**30)
+    return out
+
+
+def _read_originals(weights: dict[str, torch.Tensor], files: list[Path]) -> tuple[dict[str, torch.Tensor], str]:
+    """(the fp32 copies `fp32_originals` keeps, "") from safetensors `files`, or ({}, why there are none)."""
+    from safetensors import safe_open
+
+    if not files:
+        return {}, "no safetensors files"
+    out: dict[str, torch.Tensor] = {}
+    missing = set(weights)
+    for path in files:
+        with safe_open(str(path), framework="pt", device="cpu") as f:
+            for name in sorted(missing.intersection(f.keys())):
+                w = weights[name]
+                missing.discard(name)
+                if SAFETENSORS_DTYPES.get(f.get_slice(name).get_dtype()) == w.dtype:
+                    continue  # stored as loaded: the loaded weight is the original
+                original = f.get_tensor(name).float()
+                if not torch.equal(original.to(w.dtype), w.detach().cpu()):
+                    return {}, f"{name} in {path.name} is not the loaded weight"
+                out[name] = original
+    if missing:
+        return {}, f"{len(missing)} wrapped weights missing, e.g. {min(missing)}"
+    return out, ""
 
 
 @torch.no_grad()
 def merged_state_dict(model: Any) -> dict[str, torch.Tensor]:
     """Plain weights of LoRA `model` under the base model's names: W + scale * B A for every wrapped layer.
 
-    Each tensor keeps the base weight's dtype and device; the sum is done in fp32. The model is
-    not modified (no merge_adapter): a merge and unmerge would round the base weights when bf16.
+    Each tensor keeps the base weight's dtype (a bf16 base's is the serving dtype; an fp32 one the
+    engine casts once) and device. The sum is done in fp32 from W's fp32 original (`BASE_FP32`,
+    moved to the device one layer at a time) where `apply_lora` kept one, else from W itself, then
+    cast once. The model is not modified (no merge_adapter): a merge and unmerge would round a bf16 base.
     """
-    from peft.tuners.lora import LoraLayer
-
     base = model.get_base_model()
     out: dict[str, torch.Tensor] = {}
     for name, tensor in base.state_dict().items():
         if ".lora_" not in name:  # adapter A/B matrices are folded in below
             out[name.replace(".base_layer.", ".")] = tensor.detach()
-    for name, layer in base.named_modules():
-        if not isinstance(layer, LoraLayer):
-            continue
+    for name, layer in _lora_layers(base):
         key = f"{name}.weight"
         if key not in out:
             raise RuntimeError(f"LoRA layer {name} has no base weight {key} to merge into")
+        w = out[key]
+        original = getattr(layer, BASE_FP32, None)
+        w32 = w.float() if original is None else original.to(w.device)
         delta = sum(layer.get_delta_weight(a).float() for a in layer.active_adapters)
-        out[key] = (out[key].float() + delta).to(out[key].dtype)
+        out[key] = (w32 + delta).to(w.dtype)
     return out
 
 

@@ -12,7 +12,7 @@ instantiated on torch's meta device: no weights are read):
   count from the meta model, `shapes.adapter_parameters`, as the GPU planner counts it),
   `adapter` its weights, and there is no `reference` (the base with the adapter off is it);
 - `engine` (engine=vllm): the engine's share, `gpu_memory_utilization` x the device's memory
-  (on CPU its KV cache plus its weight copy, see engines/vllm.py `_cpu_kv_cache_bytes`);
+  (on CPU its KV cache plus its weight copy, see engines/vllm_weights.py `cpu_kv_cache_bytes`);
 - `engine_runtime` (vllm): the EngineCore and Worker processes themselves (`ENGINE_RUNTIME`);
 - `sync_staging` (vllm, trainable): the weights written to tmpfs at each weight sync;
 - `activations` (trainable): the largest micro-batch's forward activations, saved for the

@@ -172,26 +172,60 @@ def load_model_and_tokenizer(name: str, dtype: str = "float32", checkpoint: Opti
 
     A LoRA policy's checkpoint (a peft adapter directory) is merged into `name`'s weights: the
     base comes from the config, not from the adapter's recorded path, which names the training
-    machine's cache. The result is a plain model either way.
+    machine's cache. A sharded role's checkpoint (coevo/train/sharded_io.py) is read in this one
+    process. The result is a plain model either way.
     """
-    import torch
-    from transformers import AutoModelForCausalLM, AutoTokenizer
+    from transformers import AutoModelForCausalLM
 
+    # Imported here: this module loads without torch (the driver's preflight imports it).
     from coevo.train.lora import is_adapter_dir, load_merged
+    from coevo.train.sharded_io import is_sharded_checkpoint, load_model
 
     quiet_transformers_bars()
     path = checkpoint or resolve_model_path(name)
-    torch_dtype = {"float32": torch.float32, "bfloat16": torch.bfloat16, "float16": torch.float16}[dtype]
-    tok = AutoTokenizer.from_pretrained(path)
+    tok = load_tokenizer(name, checkpoint)
     if checkpoint and is_adapter_dir(checkpoint):
-        model = load_merged(resolve_model_path(name), checkpoint, torch_dtype)
+        model = load_merged(resolve_model_path(name), checkpoint, torch_dtype(dtype))
+    elif checkpoint and is_sharded_checkpoint(checkpoint):
+        model = load_model(checkpoint, torch_dtype(dtype))
     else:
-        model = AutoModelForCausalLM.from_pretrained(path, dtype=torch_dtype)
+        model = AutoModelForCausalLM.from_pretrained(path, dtype=torch_dtype(dtype))
+    return model, tok
+
+
+def torch_dtype(name: str) -> Any:
+    """The torch dtype of a `<role>.dtype` value (float32 | bfloat16 | float16)."""
+    import torch
+
+    return {"float32": torch.float32, "bfloat16": torch.bfloat16, "float16": torch.float16}[name]
+
+
+def load_tokenizer(name: str, checkpoint: Optional[str] = None) -> Any:
+    """The tokenizer `load_model_and_tokenizer` returns, alone: pad token set (EOS if none), left padding."""
+    from transformers import AutoTokenizer
+
+    tok = AutoTokenizer.from_pretrained(checkpoint or resolve_model_path(name))
     if tok.pad_token is None:
         # Padding is masked out everywhere; reusing EOS keeps the vocabulary unchanged.
         tok.pad_token = tok.eos_token
     tok.padding_side = "left"
-    return model, tok
+    return tok
+
+
+def meta_skeleton(name: str, dtype: str = "float32", checkpoint: Optional[str] = None) -> Any:
+    """The model `load_model_and_tokenizer` would load, built on torch's meta device: no weights read or allocated.
+
+    A sharded role's ranks other than 0 start from it (coevo/train/sharded.py): rank 0 loads the weights
+    once and broadcasts them into the shards. A LoRA checkpoint (an adapter) has its base model's shape.
+    """
+    import torch
+    from transformers import AutoConfig, AutoModelForCausalLM
+
+    from coevo.train.lora import is_adapter_dir
+
+    path = checkpoint if checkpoint and not is_adapter_dir(checkpoint) else resolve_model_path(name)
+    with torch.device("meta"):
+        return AutoModelForCausalLM.from_config(AutoConfig.from_pretrained(path), dtype=torch_dtype(dtype))
 
 
 def describe_model(model) -> dict:  # noqa: ANN001 - a PreTrainedModel

@@ -9,7 +9,8 @@
 - log-probs are those of the raw model (no temperature), matching `HFEngine` logprobs;
 - precision (coevo/train/precision.py): fp32 weights and AdamW state (bf16 ones refused), forward
   passes in bf16 under autocast where `bf16_autocast` (CUDA) or `cpu_bf16_autocast` (a CPU with bf16
-  instructions) applies, else fp32; loss math in fp32; engine log-probs of another precision unused;
+  instructions) applies, else fp32; loss math in fp32; engine log-probs are π_old per `<role>.old_logprobs`
+  (auto: not vLLM's on CUDA, nor of another precision), their gap to the trainer's logged (logprob_mismatch_*);
 - compute: the LM head runs only on loss-masked positions (`sequence_token_logprobs`'s
   `positions`), and with one epoch missing old log-probs are the trained forward's own,
   detached (on-policy: ratio 1 at the only step), so an update costs one forward + backward;
@@ -36,8 +37,6 @@
 """
 from __future__ import annotations
 
-import copy
-import dataclasses
 import time
 from pathlib import Path
 from typing import Callable, ContextManager, Optional
@@ -55,11 +54,13 @@ from coevo.train.allocator import pin_mmap_threshold
 from coevo.train.batching import FixedLogprobs, MicroBatch, PreparedBatch, loss_token_counts
 from coevo.train.checkpoint import OPTIMIZER_FILE
 from coevo.train.compiled import update_layers
+from coevo.train.device_memory import empty_device_cache, reference_copy
 from coevo.train.engines import build_engine
 from coevo.train.lora import apply_lora, hf_model, is_adapter_dir, load_adapter_weights
 from coevo.train.models import load_model_and_tokenizer
 from coevo.train.preflight import require_gpus
 from coevo.train.recompute import enable_gradient_checkpointing, train_mode
+from coevo.train.sharded_io import load_model_weights, read_optimizer_state, trained_names
 
 
 class Policy:
@@ -105,13 +106,12 @@ class Policy:
             # larger (coevo/train/allocator.py has the numbers).
             pin_mmap_threshold()
             if self.has_reference and not self.lora:
-                self.ref_model = copy.deepcopy(model).eval().requires_grad_(False)
-                if precision.bf16_compute(cfg, self.device):  # never stepped: bf16 halves it, computes as the policy
-                    self.ref_model.to(torch.bfloat16)
+                bf16 = precision.bf16_compute(cfg, self.device)  # never stepped: bf16 halves it, computes as the policy
+                self.ref_model = reference_copy(model, torch.bfloat16 if bf16 else None)  # one parameter at a time
             if optimizer_now:
                 self.build_optimizer()
         self.ref_scorer = TokenLogprobs(self.ref_model) if self.ref_model is not None else None
-        self.engine = engine if engine is not None else build_engine(cfg, self.model, tokenizer)
+        self.engine = engine if engine is not None else build_engine(cfg, self.model, tokenizer)  # empties the cache
 
     def build_optimizer(self) -> None:
         """A fresh AdamW over the trainable parameters (again once coevo/train/sharded.py has sharded them)."""
@@ -178,10 +178,10 @@ class Policy:
     # ---- training ---------------------------------------------------------------------------
 
     def micro_batches(self, batch: list[TrainSequence]) -> list[list[TrainSequence]]:
-        """`batch` in micro-batches of `micro_batch_size` (by prompt with `shared_prompt`); engine log-probs
-        of another precision dropped (`precision.engine_logprobs_usable`): the policy's own are the old ones."""
+        """`batch` in micro-batches of `micro_batch_size` (by prompt with `shared_prompt`); engine log-probs that
+        are not π_old (`precision.engine_logprobs_usable`) set aside (`batching.Rescored`): the policy's own are."""
         if not precision.engine_logprobs_usable(self.cfg, self.device):
-            batch = [dataclasses.replace(s, old_logprobs=None) for s in batch]
+            batch = batching.without_engine_old(batch)
         return batching.micro_batches(batch, self.cfg.micro_batch_size, self.shared_prompt)
 
     def micro_batch_tensors(self, seqs: list[TrainSequence]) -> MicroBatch:
@@ -231,15 +231,11 @@ class Policy:
                 forward_old: Optional[list[bool]] = None) -> PreparedBatch:
         """Old (π_old) and KL-reference log-probs of every micro-batch: the forwards before any step.
 
-        Per micro-batch a `FixedLogprobs` of [b, T-1] float32 CPU tensors. Missing old log-probs
-        come from the current weights, before any step. With one epoch that is the weights the
-        only optimizer step starts from, so the forward being trained gives them (`old_filled`
-        False: filled in `optimizer_step` from its detached log-probs, as verl does on-policy) and
-        no extra forward is spent here. One micro-batch is on the device at a time and only these
-        per-token floats outlive it.
-
-        `forward_old[i]` (sharded updates) overrides whether micro-batch i runs that forward: every
-        rank must run the same forwards (FSDP gathers weights collectively), so the ranks agree on it.
+        Per micro-batch a `FixedLogprobs` of [b, T-1] float32 CPU tensors (one micro-batch on the device
+        at a time). Missing old log-probs come from the weights before any step: with one epoch the only
+        step's own forward gives them (`old_filled` False: filled in `_backward` from its detached
+        log-probs, as verl does on-policy), so no extra forward is spent here. `forward_old[i]` (sharded
+        updates) overrides whether micro-batch i runs that forward: every rank must run the same ones.
         """
         fixed = []
         for i, seqs in enumerate(micro_batches):
@@ -265,31 +261,36 @@ class Policy:
     def optimizer_step(self, prepared: PreparedBatch) -> dict:
         """One ppo epoch: gradients accumulated over every micro-batch, clipped, one optimizer step.
 
-        Returns this epoch's loss, pg_loss, kl (sums of the micro-batches' shares of the token mean),
-        clip_frac (clipped share of `prepared.n_tokens`) and grad_norm (before clipping, global).
+        Returns this epoch's loss, pg_loss, kl (sums of the micro-batches' shares of the token mean), clip_frac
+        (clipped share of `prepared.n_tokens`), grad_norm (before clipping, global), and logprob_mismatch_mean/_p99
+        (`batching.mismatch_metrics`, where the batch has engine log-probs: the first epoch's, repeated after).
         """
         cfg = self.cfg
         assert self.optimizer is not None
         self.optimizer.zero_grad(set_to_none=True)
         pg_total, kl_total, clipped = 0.0, 0.0, 0.0
+        gaps: Optional[list[torch.Tensor]] = [] if prepared.mismatch is None else None  # first epoch only
         for seqs, fixed in zip(prepared.micro_batches, prepared.fixed):
-            pg, kl, n_clipped = self._backward(seqs, fixed, prepared.n_tokens)
+            pg, kl, n_clipped = self._backward(seqs, fixed, prepared.n_tokens, gaps)
             pg_total, kl_total, clipped = pg_total + pg, kl_total + kl, clipped + n_clipped
         params = [p for g in self.optimizer.param_groups for p in g["params"]]
         max_norm = cfg.grad_clip if cfg.grad_clip > 0 else float("inf")
         norm = torch.nn.utils.clip_grad_norm_(params, max_norm)
-        # Sharded gradients (DTensors) give a sharded norm: its full value is the global one.
-        grad_norm = float(norm.full_tensor() if hasattr(norm, "full_tensor") else norm)
+        sharded = hasattr(norm, "full_tensor")  # sharded gradients (DTensors) give a sharded norm, all ranks here
+        grad_norm = float(norm.full_tensor() if sharded else norm)
+        if gaps is not None:
+            prepared.mismatch = batching.mismatch_metrics(gaps, across_ranks=sharded)
         self.optimizer.step()
         self.optimizer.zero_grad(set_to_none=True)
         return {"loss": pg_total + cfg.kl_coef * kl_total, "pg_loss": pg_total, "kl": kl_total,
-                "clip_frac": clipped / prepared.n_tokens, "grad_norm": grad_norm}
+                "clip_frac": clipped / prepared.n_tokens, "grad_norm": grad_norm, **(prepared.mismatch or {})}
 
-    def _backward(self, seqs: list[TrainSequence], fixed: FixedLogprobs, n_tokens: int) -> tuple[float, float, float]:
+    def _backward(self, seqs: list[TrainSequence], fixed: FixedLogprobs, n_tokens: int,
+                  gaps: Optional[list[torch.Tensor]] = None) -> tuple[float, float, float]:
         """Forward + backward of one micro-batch (gradients accumulate); returns (pg, kl, clipped tokens).
 
-        A method of its own so that the micro-batch's tensors and graph are released on return,
-        before the next micro-batch's forward.
+        `gaps` (first epoch): gets the micro-batch's `batching.engine_gap`, from this same forward.
+        A method of its own so that the micro-batch's tensors and graph are released on return.
         """
         cfg = self.cfg
         mb = self.micro_batch_tensors(seqs)
@@ -298,6 +299,8 @@ class Policy:
         with train_mode(self.model, self.checkpointing), self.update_layers.active():
             with self.compute():  # forward in bf16 on CUDA; the loss math below runs on fp32 log-probs
                 token_logprobs = self.scorer(mb.ids, mb.attn, mb.mask, mb.prefix).float()  # [b, T-1]
+            if gaps is not None:
+                gaps.append(batching.engine_gap(mb, token_logprobs))
             if not fixed.old_filled:  # one epoch: the old policy is these weights (ratio 1 at the step)
                 old = torch.where(mb.has_old.unsqueeze(-1), old, token_logprobs.detach())
             pg, m = clipped_surrogate_loss(token_logprobs, old, mb.adv, mb.mask, cfg.clip_eps, denom=n_tokens)
@@ -318,6 +321,7 @@ class Policy:
         """Before an update: a vLLM engine with sleep_mode frees its GPU memory; the sync after it wakes it."""
         if getattr(self.engine, "sleep_mode", False):
             self.engine.sleep()
+            empty_device_cache()  # what vLLM released goes back to the device, for the update to use
 
     # ---- checkpoints ------------------------------------------------------------------------
 
@@ -335,37 +339,32 @@ class Policy:
         return Path(directory)
 
     def load(self, directory: str | Path) -> None:
-        """Restore weights (and, for a trainable policy, the optimizer state) from `save`; the reference copy is kept.
+        """Restore weights (and a trainable policy's optimizer state) from `save`'s or a sharded role's checkpoint.
 
-        The reference stays the initial model on purpose: resuming must not move the KL anchor.
+        Either format loads in this one process (coevo/train/sharded_io.py); the reference copy is
+        kept: it stays the initial model on purpose, resuming must not move the KL anchor.
         A trainable policy's directory without optimizer state is an error: a fresh AdamW would
         restart its moment estimates and silently change the run. A LoRA policy loads its adapter
         (the base stays as loaded); an adapter directory and a full model do not stand in for each other.
         """
         directory = Path(directory)
-        opt_path = directory / OPTIMIZER_FILE
-        if self.optimizer is not None and not opt_path.is_file():
-            raise FileNotFoundError(f"{opt_path} is missing: the trainable {self.role} cannot resume without its "
-                                    "optimizer state")
+        optim = None
+        if self.optimizer is not None:  # read first: a missing optimizer state fails before any weight changes
+            optim = read_optimizer_state(directory, self.role, trained_names(self.model), self.device)
         if self.lora:
             load_adapter_weights(self.model, directory, self.role)
         else:
             self._load_full(directory)
         if self.optimizer is not None:
-            self.optimizer.load_state_dict(torch.load(opt_path, map_location=self.device, weights_only=True))
+            self.optimizer.load_state_dict(optim)
         self.sync_engine()
 
     def _load_full(self, directory: Path) -> None:
-        """Copy the weights of the full HF model in `directory` into this policy's model."""
-        from transformers import AutoModelForCausalLM
-
+        """Copy the weights of the full model in `directory` (either checkpoint format) into this policy's model."""
         if is_adapter_dir(directory):
             raise ValueError(f"{directory} holds a LoRA adapter but {self.role}.lora.rank=0 (full fine-tuning); set "
                              f"{self.role}.lora.rank to the adapter's rank to resume it")
-        dtype = next(self.model.parameters()).dtype
-        loaded = AutoModelForCausalLM.from_pretrained(directory, dtype=dtype)
-        self.model.load_state_dict(loaded.state_dict())
-        del loaded
+        self.model.load_state_dict(load_model_weights(directory, next(self.model.parameters()).dtype))
 
 
 def skipped_update(batch: list[TrainSequence]) -> dict:

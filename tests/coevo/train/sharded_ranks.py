@@ -78,3 +78,63 @@ def rank_main(rank: int, world: int, port: int, model_dir: str, out: str, checkp
     # alive past destroy_process_group; at interpreter exit they can abort the process (SIGABRT,
     # "terminate called without an active exception", about one run in seven here): skip finalization.
     os._exit(0)
+
+
+def full_state(policy: ShardedPolicy) -> dict:
+    """The gathered fp32 weights and AdamW state (keyed by parameter name) of a sharded policy, on every rank."""
+    from torch.distributed.checkpoint.state_dict import (
+        StateDictOptions,
+        get_model_state_dict,
+        get_optimizer_state_dict,
+    )
+
+    full = StateDictOptions(full_state_dict=True, cpu_offload=True)
+    model, optimizer = policy.policy.model, policy.policy.optimizer
+    return {"weights": get_model_state_dict(model, options=full),
+            "optim": get_optimizer_state_dict(model, optimizer, options=full)}
+
+
+def io_rank_main(rank: int, world: int, ports: tuple[int, int], model_dir: str, out: str) -> None:
+    """test_sharded_io.py's rank: through `ShardedWorker.setup` (the actors' start-up), one update, a sharded
+    save, a resume into a fresh policy, then a load of out/full (`Policy.save`'s format, written by the
+    test); each state gathered to out/{saved,resumed,legacy}.pt. Then, in a new group with a 3 s collective
+    timeout, rank 0 alone enters an all_reduce: out/timeout.json says how it ended."""
+    import dataclasses
+    import time
+
+    from coevo.orchestrate.sharded_actors import ShardedWorker, join_process_group
+
+    out_dir = Path(out)
+    cfg = dataclasses.replace(config(), model=model_dir)
+    worker = ShardedWorker(cfg, "solver", 0, rank, world)
+    worker.setup("127.0.0.1", ports[0], "gloo", 120.0)
+    policy = worker.policy
+    assert policy is not None
+    policy.update(batches()[0])
+    policy.save(out_dir / "ckpt")
+    saved = full_state(policy)
+    resumed_policy = ShardedPolicy.from_config(cfg, "solver")  # the model's initial weights
+    resumed_policy.load(out_dir / "ckpt")
+    resumed = full_state(resumed_policy)
+    resumed_policy.load(out_dir / "full")  # an older run's checkpoint: rank 0 reads it, then broadcasts
+    legacy = full_state(resumed_policy)
+    if rank == 0:
+        for name, state in (("saved", saved), ("resumed", resumed), ("legacy", legacy)):
+            torch.save(state, out_dir / f"{name}.pt")
+    dist.barrier()
+    dist.destroy_process_group()
+    join_process_group("gloo", "127.0.0.1", ports[1], rank, world, 3.0)
+    report = out_dir / "timeout.json"
+    if rank == 0:
+        t0, outcome = time.monotonic(), {"raised": None}
+        try:
+            dist.all_reduce(torch.ones(1))  # rank 1 never joins
+        except RuntimeError as e:
+            outcome = {"raised": type(e).__name__, "message": str(e)[:500]}
+        report.write_text(json.dumps({**outcome, "seconds": time.monotonic() - t0}))
+    else:  # alive (its socket open) until rank 0 is done: an exit would fail rank 0's collective at once
+        deadline = time.monotonic() + 120
+        while not report.exists() and time.monotonic() < deadline:
+            time.sleep(0.1)
+    # Skip finalization, as rank_main does: FSDP's gloo groups outlive destroy_process_group.
+    os._exit(0)

@@ -12,15 +12,18 @@ from transformers import LlamaConfig, LlamaForCausalLM
 from coevo.core.config import compose, to_object
 from coevo.core.role_config import LoraConfig
 from coevo.plan import main as plan_main
+from coevo.train import gpu_terms
 from coevo.train.gpu_plan import (
     CUDA_CONTEXT,
     GB,
+    GpuPlan,
     PlanError,
     check_gpu_plan,
     gpus_needed,
     plan_message,
     plan_roles,
 )
+from coevo.train.gpu_terms import VLLM_RULE, engine_start
 from coevo.train.memory import activation_bytes
 from coevo.train.shapes import ModelShape, adapter_parameters, meta_model, shape_of
 
@@ -162,8 +165,11 @@ def test_generation_rows_bound_the_hf_kv_cache_and_sleep_mode_frees_the_engine_f
     awake = {p.role: p for p in plan_roles(to_object(compose(list(vllm))))}["solver"]
     asleep = {p.role: p for p in plan_roles(to_object(compose([*vllm, "solver.sleep_mode=true"])))}["solver"]
     assert awake.terms["engine"] == asleep.transient["engine"] == int(0.35 * 80e9) and "engine" not in asleep.terms
-    # the engine and the update no longer add up: the larger of the two counts
-    assert awake.total - asleep.total == min(awake.terms["engine"], awake.transient["update"])
+    # the engine and the update no longer add up: the larger of the two counts; but the engine wakes around the
+    # sync's gather (weight_sync), which is then the largest transient
+    sync = awake.sync["device"]
+    assert awake.transient["weight_sync"] == sync and asleep.transient["weight_sync"] == sync + int(0.35 * 80e9)
+    assert awake.total - asleep.total == awake.transient["update"] - sync
 
 
 def test_public_configs_count_the_presets_parameters_offline():
@@ -195,3 +201,126 @@ def test_run_refuses_a_plan_that_does_not_fit_before_anything_loads(tmp_path):
     assert "the GPU plan does not fit" in done.stderr and "solver needs" in done.stderr
     assert "asks for a GPU" not in done.stderr  # planned before the device check: no GPU is needed to be told
     assert not (tmp_path / "run" / "checkpoints").exists()
+
+
+# ---- start-up, vLLM's precondition, weight sync and checkpoints (coevo/train/gpu_terms.py) -----------------------
+
+SOLVER_7B = 7_615_616_512
+EMBED_7B = 152064 * 3584  # vocab x hidden: the 7B's largest parameter (untied: embeddings and LM head each)
+
+
+def test_a_sharded_vllm_role_at_start_up_sync_and_save_by_hand():
+    """The tiny Llama (80448 parameters, tied; largest parameter an MLP projection 64 x 128 = 8192) on 2 ranks."""
+    model = _tiny_meta()
+    shape = shape_of(model)
+    args = ["experiment=smoke", "rollout=vllm", "solver.num_gpus=2", "solver.kl_coef=0.1", "cluster.gpu_memory_gb=4",
+            "solver.gpu_memory_utilization=0.5"]
+    (plan,) = plan_roles(to_object(compose(args)), shapes={"solver": (shape, model)})
+    # shards of fp32 weights (80448 x 4 / 2), bf16 reference (x 2 / 2), AdamW moments (x 8 / 2), no gradients;
+    # the broadcast holds two of the largest parameter in fp32
+    assert plan.startup == {"weights": 160896, "reference": 80448, "optimizer": 321792, "cuda_context": CUDA_CONTEXT,
+                            "broadcast": 2 * 8192 * 4}
+    assert plan.startup_peak == 628672 + CUDA_CONTEXT
+    assert plan.sync == {"device": 2 * 8192 * 2, "host": 0}  # weight_sync=auto is inprocess on CUDA: no file
+    assert plan.transient["weight_sync"] == 32768 and "engine_context" not in plan.terms  # the engine is in-process
+    assert plan.checkpoint == {"device": 0, "host": 80448 * 12 // 2}  # each rank stages its own shards
+    served = (80448 + 100 * 64) * 2  # untied (lm_head explicit) in bf16: what the engine starts from in /dev/shm
+    assert plan.host == {"startup": 80448 * 4 + served, "sync": 0, "checkpoint": 482688}
+    # vLLM measures after the trainer state is built (the broadcast's buffers freed) and asks for 0.5 x 4 GB
+    start = plan.engine_start
+    assert (start.free, start.requested, start.ok) == (4 * 10**9 - 563136 - CUDA_CONTEXT, 2 * 10**9, True)
+    assert start.rule.startswith(VLLM_RULE) and not start.fallback
+    record = plan.to_record()
+    assert record["startup_peak_gb"] == round(plan.startup_peak / GB, 2) and record["vllm_start"]["ok"] is True
+    assert record["sync_gb"] == {"device": 0.0, "host": 0.0} and record["checkpoint_gb"]["host"] == 0.0
+
+    (tmpfs,) = plan_roles(to_object(compose([*args, "solver.weight_sync=tmpfs"])), shapes={"solver": (shape, model)})
+    assert tmpfs.sync == {"device": 32768, "host": served} and tmpfs.host["sync"] == served
+    # the engine in a process of its own: its CUDA context is taken before it measures, and held beside its share
+    assert tmpfs.terms["engine_context"] == CUDA_CONTEXT and tmpfs.engine_start.free == start.free - CUDA_CONTEXT
+
+
+def test_single_gpu_roles_at_start_up_sync_and_save_by_hand():
+    args = ("solver.num_gpus=1", "solver.kl_coef=0.1")
+    (full,) = plan_roles(_cfg(*args), shapes={"solver": (SHAPE, _tiny_meta())})
+    # no broadcast, no gradients at start; the HF engine generates with the trained model: nothing to sync
+    assert full.startup == {"weights": 4000, "reference": 2000, "optimizer": 8000, "cuda_context": CUDA_CONTEXT}
+    assert full.sync == {"device": 0, "host": 0} and "weight_sync" not in full.transient
+    assert full.checkpoint == {"device": 0, "host": 4000 + 8000} and full.host["startup"] == 4000
+    assert full.engine_start is None and full.to_record()["vllm_start"] is None
+    (lora,) = plan_roles(_cfg(*args, "solver.lora.rank=8"), shapes={"solver": (SHAPE, _tiny_meta())})
+    adapter = 8 * 1024 * 2
+    assert lora.checkpoint["host"] == adapter * 12  # the adapter in fp32 and its two moments, not the base
+    (frozen,) = plan_roles(_cfg("solver.num_gpus=1", "solver.frozen=true"), shapes={"solver": (SHAPE, _tiny_meta())})
+    assert frozen.checkpoint == {"device": 0, "host": 0} and frozen.sync == {"device": 0, "host": 0}
+    # LoRA on vLLM: the merged weights are built whole (1000 - 100 x 64 tied embedding is negative on this
+    # made-up shape, so the real tiny Llama: 80448 - 6400 non-embedding fp32 parameters + one layer's fp32 sum)
+    model = _tiny_meta()
+    vllm = to_object(compose(["experiment=smoke", "rollout=vllm", "solver.num_gpus=1", "solver.lora.rank=8"]))
+    (merged,) = plan_roles(vllm, shapes={"solver": (shape_of(model), model)})
+    assert merged.sync == {"device": (80448 - 6400) * 4 + 3 * 64 * 128 * 4, "host": 0}
+
+
+def test_engine_start_is_vllms_own_rule_and_a_fallback_is_said(monkeypatch):
+    total = 80 * 10**9
+    at = engine_start(total, 48 * 10**9, 0.6)  # exactly what it asks for: vLLM starts
+    assert (at.ok, at.requested, at.rule.startswith(VLLM_RULE)) == (True, 48 * 10**9, True)
+    below = engine_start(total, 48 * 10**9 - 1, 0.6)
+    assert not below.ok and below.requested == 48 * 10**9 and "GPU memory utilization" in below.message
+    monkeypatch.setattr(gpu_terms, "_vllm_rule", lambda: (None, "ImportError: no module named vllm"))
+    fallback = engine_start(total, 48 * 10**9 - 1, 0.6)
+    assert fallback.fallback and not fallback.ok and "ImportError: no module named vllm" in fallback.rule
+    assert engine_start(total, 48 * 10**9, 0.6).ok
+    model = _tiny_meta()
+    cfg = to_object(compose(["experiment=smoke", "rollout=vllm", "solver.num_gpus=1", "cluster.gpu_memory_gb=4"]))
+    (plan,) = plan_roles(cfg, shapes={"solver": (shape_of(model), model)})
+    assert any(n.startswith("vLLM start-up precondition computed here") for n in plan.notes)
+
+
+def test_a_plan_vllm_would_refuse_to_start_is_refused_naming_the_role_and_keys():
+    """A 7B solver on 2 GPUs asking vLLM for 0.6 of each: 7.6 B x (4 + 2 + 8) / 2 = 53.3 GB of trainer state
+    and the CUDA context are held when the engine starts, leaving 25.6 GB free for 48 GB requested."""
+    cfg = to_object(compose(["proposer=qwen3-4b", "solver=qwen2.5-7b", "rollout=vllm", "solver.num_gpus=2",
+                             "solver.gpu_memory_utilization=0.6"]))
+    plans = {p.role: p for p in plan_roles(cfg)}
+    start = plans["solver"].engine_start
+    assert start.free == 80 * 10**9 - SOLVER_7B * 14 // 2 - CUDA_CONTEXT and start.requested == 48 * 10**9
+    assert not start.ok and not plans["solver"].fits and plans["proposer"].fits
+    with pytest.raises(PlanError) as refused:
+        check_gpu_plan(cfg)
+    message = str(refused.value)
+    assert "solver's vLLM engine would refuse to start (vllm.v1.worker.utils.request_memory" in message
+    assert "set solver.gpu_memory_utilization <= 0.32 or a larger solver.num_gpus" in message
+    assert "proposer" not in message.split("\n", 1)[1]  # the proposer fits: named nowhere but the header
+
+
+def test_a_start_up_peak_over_the_gpu_names_the_num_gpus_key():
+    plan = GpuPlan("solver", 2.0, int(GB), startup={"weights": int(GB)})
+    assert plan.total == 0 and not plan.fits
+    message = plan_message([plan], _cfg())
+    assert "solver needs 1.0 GB per GPU at start-up (before any engine)" in message
+    assert "a larger solver.num_gpus shards what it holds then" in message and "solver needs 0.0" not in message
+
+
+@pytest.mark.parametrize("rollout", [[], ["rollout=vllm"]], ids=["hf", "vllm"])
+def test_headline_plan_prints_start_up_sync_and_checkpoint_for_every_role(capsys, rollout):
+    assert plan_main(["proposer=qwen3-4b", "solver=qwen2.5-7b", *rollout]) == 0
+    records = {r["role"]: r for r in map(json.loads, capsys.readouterr().out.splitlines())}
+    assert set(records) == {"proposer", "solver"}
+    for record in records.values():
+        assert record["startup_peak_gb"] > 0 and record["fits"] is True
+        assert set(record["sync_gb"]) == set(record["checkpoint_gb"]) == {"device", "host"}
+        assert set(record["host_gb"]) == {"startup", "sync", "checkpoint"}
+        if rollout:
+            assert record["vllm_start"]["ok"] is True and record["vllm_start"]["rule"].startswith(VLLM_RULE)
+        else:
+            assert record["vllm_start"] is None
+    solver = records["solver"]
+    # 4 ranks: shards of 7.6 B x (4 + 2 + 8) / 4, the context, two fp32 embeddings in flight (+ HF's bf16 copy)
+    peak = SOLVER_7B * 14 // 4 + CUDA_CONTEXT + 2 * EMBED_7B * 4 + (0 if rollout else SOLVER_7B * 2)
+    assert solver["startup_peak_gb"] == round(peak / GB, 2)
+    assert solver["sync_gb"] == {"device": round(2 * EMBED_7B * 2 / GB, 2), "host": 0.0}
+    assert solver["checkpoint_gb"] == {"device": 0.0, "host": round(SOLVER_7B * 12 / 4 / GB, 2)}
+    if rollout:  # free when vLLM starts: 80 GB less the trainer state and context; 0.35 x 80 GB asked
+        assert solver["vllm_start"]["free_gb"] == round((80e9 - SOLVER_7B * 14 // 4 - CUDA_CONTEXT) / GB, 2)
+        assert solver["vllm_start"]["requested_gb"] == 28.0

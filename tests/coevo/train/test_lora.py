@@ -10,8 +10,8 @@ from coevo.core.config import EvalRootConfig, LoraConfig, PolicyConfig, compose,
 from coevo.core.grpo import sequence_token_logprobs
 from coevo.core.types import SamplingParams, TrainSequence
 from coevo.train.checkpoint import resumable_checkpoint, save_checkpoint, verify_checkpoint
-from coevo.train.engines.vllm import _engine_tensors
-from coevo.train.lora import hf_model, is_adapter_dir, merged_state_dict
+from coevo.train.engines.vllm_weights import engine_tensors as _engine_tensors
+from coevo.train.lora import BASE_FP32, hf_model, is_adapter_dir, merged_state_dict
 from coevo.train.models import load_model_and_tokenizer
 from coevo.train.policy import Policy
 from coevo.train.recompute import remaining_dropout
@@ -238,3 +238,55 @@ def test_vllm_receives_merged_base_plus_delta_weights(tiny) -> None:
                                                        merged["model.layers.1.mlp.down_proj.weight"])
     after = policy.model.state_dict()
     assert all(torch.equal(before[k], after[k]) for k in before)  # the training model is untouched
+
+
+def _bf16_lora(tiny_dir, **kw) -> Policy:  # noqa: ANN001, ANN003
+    model, tok = load_model_and_tokenizer(str(tiny_dir), "bfloat16")  # the checkpoint stores fp32
+    torch.manual_seed(0)
+    return Policy(_cfg(rank=4, lr=1e-6, **kw), model, tok)
+
+
+def test_bf16_base_lora_step_at_paper_lr_changes_the_served_weights(tiny, tiny_dir) -> None:
+    fp32_model, tok = tiny
+    originals = fp32_model.state_dict()
+    policy = _bf16_lora(tiny_dir)
+    before = merged_state_dict(policy.model)
+    assert all(torch.equal(before[k], originals[k].to(torch.bfloat16)) for k in before)  # B = 0: the base served
+    policy.update(_batch(tok))
+    after = merged_state_dict(policy.model)
+    layers = [(n, m) for n, m in hf_model(policy.model).named_modules() if hasattr(m, BASE_FP32)]
+    assert len(layers) == 2 * 7  # every wrapped projection has its fp32 original on the host, nothing else
+    beyond_old_merge = 0
+    for name, layer in layers:
+        key, w = f"{name}.weight", layer.base_layer.weight
+        original = getattr(layer, BASE_FP32)
+        assert original.dtype == torch.float32 and original.device.type == "cpu" and torch.equal(original,
+                                                                                                 originals[key])
+        delta = layer.get_delta_weight("default").float()
+        assert torch.equal(after[key], (original + delta).to(torch.bfloat16))  # summed in fp32, rounded once
+        # A change under a quarter of a bf16 step of w: merged into the bf16 w it rounds back to w, every time.
+        step = 2.0 ** (torch.floor(torch.log2(w.float().abs())) - 7)
+        tiny_change = delta.abs() < step / 4
+        assert torch.equal((w.float() + delta).to(torch.bfloat16)[tiny_change], w[tiny_change])
+        beyond_old_merge += int((after[key] != before[key])[tiny_change].sum())
+    assert beyond_old_merge > 0  # 210 of 20480 elements measured: served now, rounded away by a bf16 merge
+    assert all(torch.equal(after[k], before[k]) for k in after if ".layers." not in k)  # unwrapped: the base
+
+
+def test_bf16_lora_merge_without_wider_originals(tiny_dir, tmp_path, caplog) -> None:
+    """A checkpoint that stores bf16: its weights are the originals (no copy, no warning). Weights that are not
+    the checkpoint's (an adapter merged at load): a warning, no copies, the merge starts from them."""
+    model, tok = load_model_and_tokenizer(str(tiny_dir), "bfloat16")
+    model.save_pretrained(tmp_path / "bf16")
+    tok.save_pretrained(tmp_path / "bf16")
+    policy = _bf16_lora(tmp_path / "bf16")
+    assert not [m for m in policy.model.modules() if hasattr(m, BASE_FP32)] and "served merge starts" not in caplog.text
+    model, tok = load_model_and_tokenizer(str(tiny_dir), "bfloat16")
+    with torch.no_grad():
+        model.model.layers[1].mlp.up_proj.weight[0, 0] += 1.0
+    policy = Policy(_cfg(rank=4, lr=1e-6), model, tok, role="ranker")
+    assert not [m for m in policy.model.modules() if hasattr(m, BASE_FP32)]
+    assert "LoRA ranker: the served merge starts from the loaded bfloat16 weights, not fp32 originals " \
+           "(model.layers.1.mlp.up_proj.weight in model.safetensors is not the loaded weight" in caplog.text
+    merged = merged_state_dict(policy.model)
+    assert torch.equal(merged["model.layers.1.mlp.up_proj.weight"], model.model.layers[1].mlp.up_proj.weight)

@@ -11,11 +11,11 @@ from pathlib import Path
 
 import pytest
 import torch
-from safetensors.torch import load_file
 
 from coevo.core.config import PolicyConfig
 from coevo.core.role_config import LoraConfig
-from coevo.train.sharded import _by_index, _by_name, check_shardable, split_by_tokens
+from coevo.train.sharded import check_shardable, split_by_tokens
+from coevo.train.sharded_io import _by_index, _by_name, load_model_weights, read_optimizer_state
 
 sys.path.insert(0, str(Path(__file__).parent))  # spawned ranks import their bodies from sharded_ranks.py
 import sharded_ranks  # noqa: E402
@@ -68,7 +68,8 @@ def _free_port() -> int:
 
 
 def _weights(directory: Path) -> dict[str, torch.Tensor]:
-    return load_file(directory / "model.safetensors")
+    """Either checkpoint format: a sharded role saves its shards, a 1-process `Policy` an HF directory."""
+    return load_model_weights(directory)
 
 
 def _assert_same_checkpoint(got: Path, want: Path, atol: float) -> None:
@@ -76,7 +77,7 @@ def _assert_same_checkpoint(got: Path, want: Path, atol: float) -> None:
     assert a.keys() == b.keys()
     for k in a:
         assert a[k].dtype == torch.float32 and torch.allclose(a[k], b[k], rtol=0, atol=atol), k
-    oa, ob = (torch.load(d / "optimizer.pt", weights_only=True) for d in (got, want))
+    oa, ob = (read_optimizer_state(d, "solver") for d in (got, want))
     assert oa["param_groups"] == ob["param_groups"] and oa["state"].keys() == ob["state"].keys()
     for i in oa["state"]:
         for k, v in oa["state"][i].items():

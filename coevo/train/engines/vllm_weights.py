@@ -14,6 +14,7 @@ from __future__ import annotations
 import contextlib
 import math
 import os
+import sys
 from pathlib import Path
 from typing import Any, Iterator, Optional
 
@@ -117,6 +118,12 @@ def engine_in_this_process(weight_sync: str) -> Iterator[None]:
     if weight_sync != "inprocess":
         yield
         return
+    if "llvmlite.binding.ffi" in sys.modules:
+        # vllm 0.32's kernel-override scan of sys.modules, run as the engine starts, fails on llvmlite's
+        # library wrapper ("'_lib_fn_wrapper' object has no attribute 'get'"): say why, before it does.
+        raise RuntimeError("weight_sync=inprocess: this process has imported llvmlite (numba, e.g. through bm25s), "
+                           "which vLLM's start-up cannot scan; start the engine before the retriever is imported, "
+                           "or set <role>.weight_sync=tmpfs")
     before = os.environ.get("VLLM_ENABLE_V1_MULTIPROCESSING")
     os.environ["VLLM_ENABLE_V1_MULTIPROCESSING"] = "0"
     try:

@@ -285,3 +285,24 @@ def test_entry_points_load_no_numba_before_an_engine_starts() -> None:
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True,
                          cwd=Path(__file__).resolve().parents[3])
     assert out.stdout.strip().splitlines()[-1] == "[]"
+
+
+def test_an_in_process_engine_takes_weights_as_a_stream_of_tensors(model_dir: Path) -> None:
+    """`weight_sync=inprocess`: the engine core runs in the caller's process and `load_weights` hands vLLM's
+    in-place reload a generator, no file: perturbed embeddings change greedy output, the originals bring it
+    back. In a fresh process (inprocess_engine.py): this worker may hold llvmlite, which vLLM cannot scan."""
+    import subprocess
+
+    script = Path(__file__).with_name("inprocess_engine.py")
+    out = subprocess.run([sys.executable, str(script), str(model_dir)], capture_output=True, text=True, timeout=600,
+                         cwd=Path(__file__).resolve().parents[3])
+    assert out.returncode == 0, out.stderr[-3000:]
+    assert out.stdout.strip().splitlines()[-1] == "ok"
+
+
+def test_an_in_process_engine_refuses_a_process_holding_llvmlite(model_dir: Path, hf, monkeypatch) -> None:  # noqa: ANN001
+    from coevo.train.engines.vllm import VLLMEngine
+
+    monkeypatch.setitem(sys.modules, "llvmlite.binding.ffi", sys.modules.get("llvmlite.binding.ffi", object()))
+    with pytest.raises(RuntimeError, match=r"weight_sync=inprocess: this process has imported llvmlite"):
+        VLLMEngine(str(model_dir), hf[1], _cfg(), kv_cache_memory_bytes=32 << 20, weight_sync="inprocess")

@@ -18,8 +18,8 @@ at other moments, per rank (rank 0, the busiest: it generates), in bytes:
   device's total (vllm/v1/worker/utils.py `request_memory`, fed a `MemorySnapshot`). The planner
   builds that snapshot from its own figures and calls vLLM's rule, so the rule moves with the
   installed release; where vLLM cannot be imported or called, the same inequality is computed
-  here and the plan's notes say so. Rank 0's host holds the loaded model at start and, for vLLM,
-  the served model staged in /dev/shm for the engine to start from (`startup_host`);
+  here and the plan's notes say so. Rank 0's host holds the loaded model at start and, for a vLLM
+  engine in its own process, the served model staged in /dev/shm to start from (`startup_host`);
 - weight sync (`sync_terms`): one parameter at a time is cast to the serving dtype and gathered
   (`full_tensor()`, every rank), so the device holds the largest parameter twice (the gather's
   input and output; a bound for one GPU's cast); `<role>.weight_sync=tmpfs` also stages the whole
@@ -82,8 +82,9 @@ def served_bytes(shape: ModelShape, serving_bytes: int) -> int:
 
 def startup_host(policy: PolicyConfig, shape: ModelShape, dtype_bytes: int, serving_bytes: int) -> int:
     """Rank 0's host RAM at start-up: the loaded model in its dtype (a sharded role's rank 0 keeps it there; one
-    GPU's is loaded there, then moved), plus for `engine=vllm` the served model staged in /dev/shm to start from."""
-    staged = served_bytes(shape, serving_bytes) if str(policy.engine) == "vllm" else 0
+    GPU's is loaded there, then moved), plus for a vLLM engine in its own process (`weight_sync` tmpfs or ipc) the
+    served model staged in /dev/shm to start from; an in-process engine starts on dummy weights and is synced."""
+    staged = served_bytes(shape, serving_bytes) if engine_process(policy) else 0  # inprocess starts on dummy weights
     return shape.params * dtype_bytes + staged
 
 

@@ -26,15 +26,19 @@ Choices a caller may rely on:
   the device (`to_empty`) and filled from rank 0 one tensor at a time (`set_model_state_dict(...,
   broadcast_from_rank0=True)`; buffers broadcast by name). No rank holds the unsharded model on
   its device; the reference shards are bf16 on a bf16 CUDA device. Then the AdamW moments, then
-  `empty_cache`, then rank 0's engine: vLLM staged from the host model in its serving dtype, or
-  for `engine=hf` a generation copy in the compute dtype on the device (made one parameter at a
-  time); the host model is then dropped;
-- generation runs on rank 0 alone; other ranks refuse `generate`;
+  `empty_cache`, then the engine. An in-process vLLM (`weight_sync=inprocess`, what `auto` is on
+  CUDA) shares this process's default group and creates process groups as it starts (collectives),
+  so EVERY rank builds one, on dummy weights, and every rank loads the first gathered weights
+  (closing such an engine tears the default group down: only at the end). Otherwise rank 0 alone:
+  vLLM in its own process staged from the host model in its serving dtype, or for `engine=hf` a
+  generation copy in the compute dtype on the device (made one parameter at a time); the host
+  model is then dropped;
+- generation runs on rank 0 alone (the other ranks' engines are idle until data-parallel rollouts);
 - weight sync after every update (`gathered_weights`): every rank walks the parameters in order,
   casts its shard to the serving dtype and all-gathers it (`full_tensor`): one full parameter
-  alive at a time, 2 bytes per parameter sent in bf16, nothing through the host on NCCL. Rank 0
-  hands the stream to vLLM (`VLLMEngine.load_weights`, in-process: no file) or copies it into its
-  HF generation copy. A rank that fails leaves the others in a collective until the process
+  alive at a time, 2 bytes per parameter sent in bf16, nothing through the host on NCCL. Each
+  rank's in-process vLLM takes the stream (`VLLMEngine.load_weights`: no file); else rank 0 hands
+  it to its vLLM (tmpfs) or copies it into its HF generation copy. A rank that fails leaves the others in a collective until the process
   group's timeout (`cluster.collective_timeout_s`); `weight_sync=ipc` is refused at start;
 - `save`/`load` (coevo/train/sharded_io.py): every rank writes its own shards of the fp32 weights
   and AdamW state with torch.distributed.checkpoint, atomically, never a full copy; `load`
@@ -60,6 +64,7 @@ from coevo.train.batching import loss_token_counts
 from coevo.train.compiled import decoder_layers
 from coevo.train.device_memory import cast_copy, empty_device_cache, reference_copy
 from coevo.train.engines import build_engine
+from coevo.train.engines.vllm_weights import resolved_weight_sync
 from coevo.train.models import load_model_and_tokenizer, load_tokenizer, meta_skeleton, torch_dtype
 from coevo.train.policy import Policy, TokenLogprobs, batch_metrics, skipped_update
 from coevo.train.precision import bf16_compute, serving_dtype
@@ -224,7 +229,14 @@ class ShardedPolicy:
         self.policy.build_optimizer()  # over the sharded parameters
         self.serving_dtype = _serving_dtype(cfg, device)
         self.gen_model: Optional[torch.nn.Module] = None
-        if host is not None:
+        # An in-process vLLM shares this process's default group, and its start-up creates process groups
+        # (collectives): every rank builds one, on dummy weights, and every rank loads the gathered weights.
+        self.every_rank_serves = str(cfg.engine) == "vllm" and resolved_weight_sync(str(cfg.weight_sync)) == "inprocess"
+        if self.every_rank_serves:
+            empty_device_cache()
+            self.policy.engine = build_engine(cfg, cast_copy(model, device="meta"), tokenizer)
+            self._sync_engine()
+        elif host is not None:
             self._start_engine(cfg, host, tokenizer, device)
 
     def _start_engine(self, cfg: PolicyConfig, host: torch.nn.Module, tokenizer, device: torch.device) -> None:  # noqa: ANN001
@@ -311,6 +323,9 @@ class ShardedPolicy:
         parameter, in the serving dtype), and rank 0 hands them to its engine as they come."""
         # vLLM runs untied (engines/vllm_weights.py `engine_tensors`): it gets lm_head.weight even when tied.
         stream = gathered_weights(self.policy.model, self.serving_dtype, str(self.policy.cfg.engine) == "vllm")
+        if self.every_rank_serves:  # each rank's own engine takes every gathered parameter
+            self.policy.engine.load_weights(stream)
+            return
         try:
             if self.rank == 0 and self.gen_model is not None:
                 params = dict(self.gen_model.named_parameters())

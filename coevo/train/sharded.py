@@ -38,8 +38,9 @@ Choices a caller may rely on:
   casts its shard to the serving dtype and all-gathers it (`full_tensor`): one full parameter
   alive at a time, 2 bytes per parameter sent in bf16, nothing through the host on NCCL. Each
   rank's in-process vLLM takes the stream (`VLLMEngine.load_weights`: no file); else rank 0 hands
-  it to its vLLM (tmpfs) or copies it into its HF generation copy. A rank that fails leaves the others in a collective until the process
-  group's timeout (`cluster.collective_timeout_s`); `weight_sync=ipc` is refused at start;
+  it to its vLLM (tmpfs) or copies it into its HF generation copy. A rank that fails leaves the
+  others in a collective until the process group's timeout (`cluster.collective_timeout_s`);
+  `weight_sync=ipc` is refused at start;
 - `save`/`load` (coevo/train/sharded_io.py): every rank writes its own shards of the fp32 weights
   and AdamW state with torch.distributed.checkpoint, atomically, never a full copy; `load`
   re-shards them onto any number of ranks, or reads `Policy.save`'s format (rank 0 reads,

@@ -11,11 +11,18 @@ a rank holds while the trainer state is built, before any engine); `vllm_start` 
 free_gb when the engine starts, requested_gb, ok, and the rule: vLLM's own `request_memory`, or
 the same inequality computed here when vLLM cannot be called, which `notes` also says; null for
 the HF engine); `sync_gb` and `checkpoint_gb` (device and host of one weight sync and one save);
-`host_gb` (rank 0's host RAM at start-up, sync, save); fits, would_fit, notes. From the models'
+`host_gb` (rank 0's host RAM at start-up, sync, save); `generating_ranks` (the ranks that generate
+rollouts, each its share: every rank of a sharded role but with vLLM in its own process; 1 for an
+unsharded role); fits, would_fit, notes. From the models'
 configs alone: nothing is loaded or downloaded (the shipped hub presets' public config values are
 built in). Exit status 0 when every role fits (steady, at start-up, and vLLM would start) and the
 cluster (`cluster.*`) has the GPUs they ask for, 1 when not (stderr says what would fit), 2 for a
 configuration that does not compose.
+The roles are placed as `coevo.run` places them on the GPU node (coevo/core/config.py
+`resolve_placement`), whatever machine the plan is made on: `rollout.engine=auto` (the default) plans
+vLLM for every role with a GPU, and an unset `ranker.num_gpus` takes the GPUs the other roles leave
+(`ranker.num_gpus=0` keeps it on the CPU). stderr's `placement:` line, the one `coevo.run` says at
+start, names each role's GPUs and engine and the GPUs taken of the cluster's.
 `coevo.run` makes the same check before it starts anything (`run.plan_check`).
 """
 from __future__ import annotations
@@ -29,6 +36,7 @@ from omegaconf.errors import OmegaConfBaseException
 
 from coevo.core.config import compose, to_object
 from coevo.train.gpu_plan import PlanError, plan_message, plan_roles
+from coevo.train.preflight import placement_line
 
 
 def main(argv: Optional[Sequence[str]] = None) -> int:
@@ -45,6 +53,9 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
         return 2
     for plan in plans:
         print(json.dumps(plan.to_record()), flush=True)
+    line = placement_line(cfg)
+    if line:
+        print(f"coevo.plan: {line}", file=sys.stderr)
     if not plans:
         print("coevo.plan: no role asks for a GPU (<role>.num_gpus > 0): coevo.run's RAM estimate applies instead",
               file=sys.stderr)

@@ -26,7 +26,7 @@ put back in front of the completion before the unchanged strict parser reads it.
 from __future__ import annotations
 
 import re
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from typing import Any, Callable, NamedTuple, Optional, Protocol, Sequence
 
 from coevo.core.config import SolverConfig
@@ -309,9 +309,14 @@ def guide_turn(ep: Episode, tokenizer: Any, cfg: SolverConfig, primed: bool) -> 
 
 
 def _turn_outputs(solver: SolverPolicy, live: list[Episode], params: SamplingParams, prime: list[int],
-                  cfg: SolverConfig) -> list[Any]:
-    """One completion per live episode: one batched `generate` for the sampled ones, the guide for the rest."""
+                  cfg: SolverConfig, group_of: dict[int, int]) -> list[Any]:
+    """One completion per live episode: one batched `generate` for the sampled ones, the guide for the rest.
+
+    Each prompt carries its task's group id (`SamplingParams.groups`, by `id(episode)` in `group_of`): a
+    data-parallel policy generates a task's rollouts on one rank.
+    """
     sampled = [ep for ep in live if not ep.guided]
+    params = replace(params, groups=[group_of[id(ep)] for ep in sampled])
     generated = iter(solver.generate([list(ep.token_ids) + prime for ep in sampled], params) if sampled else [])
     return [guide_turn(ep, solver.tokenizer, cfg, bool(prime)) if ep.guided else next(generated)[0] for ep in live]
 
@@ -336,12 +341,13 @@ def run_episodes(solver: SolverPolicy, tasks: Sequence[Task], search_tool: Searc
         group[-1].guided = bool(cfg.guided_rollouts and task.guide and task.answers
                                 and n_rollouts > 1)
         episodes += group
+    group_of = {id(ep): i // n_rollouts for i, ep in enumerate(episodes)}  # task-major: a task's rollouts adjacent
     for turn in range(cfg.max_turns):
         live = [ep for ep in episodes if not ep.done]
         if not live:
             break
         searching, queries = [], []
-        for ep, completion in zip(live, _turn_outputs(solver, live, params, prime, cfg)):
+        for ep, completion in zip(live, _turn_outputs(solver, live, params, prime, cfg, group_of)):
             query = _apply_turn(ep, completion, solver.tokenizer, cfg, prime)
             if query is not None:
                 searching.append(ep)

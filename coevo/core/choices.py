@@ -12,6 +12,7 @@ from enum import StrEnum
 class Engine(StrEnum):
     """Generation engine."""
 
+    auto = "auto"  # vllm for a role with num_gpus > 0, hf on the CPU (decided at validation: config.resolve_placement)
     hf = "hf"
     vllm = "vllm"
 

@@ -12,6 +12,7 @@ The enumerated field types live in coevo/core/choices.py.
 """
 from __future__ import annotations
 
+import math
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Optional
@@ -29,6 +30,7 @@ from coevo.core.choices import (
     ProposerGeneration,
     RankerMode,
     Untagged,
+    WeightSync,
     path_length,
 )
 from coevo.core.data_config import (  # noqa: F401  (re-exported: the data schemas are part of this config)
@@ -54,7 +56,7 @@ from coevo.core.schema import check_known_keys, check_override_keys, config_grou
 class RolloutConfig:
     """Generation engine shared by all policies unless a policy overrides it."""
 
-    engine: Engine = key(Engine.hf, "hf | vllm")
+    engine: Engine = key(Engine.auto, "auto (vllm for a role with num_gpus > 0, hf on the CPU) | hf | vllm")
     vllm_enforce_eager: Optional[bool] = key(
         None, "skip CUDA graph capture; None: true on the CPU build of vLLM, false on CUDA (graphs decode 2-3x faster)")
 
@@ -290,12 +292,59 @@ def resolve_frozen(cfg: CoevoConfig) -> None:
             policy.frozen = True
 
 
+def gpus_asked(asks: list[float]) -> int:
+    """GPUs that roles asking `asks` GPUs take together: whole GPUs for asks >= 1, fractional shares summed."""
+    whole = sum(math.ceil(a) for a in asks if a >= 1)
+    return whole + math.ceil(sum(a for a in asks if 0 < a < 1) - 1e-9)
+
+
+def loads_proposer(cfg: CoevoConfig) -> bool:
+    """Whether the root's command loads a proposer (`coevo.solve` and `coevo.eval` do not)."""
+    return not isinstance(cfg, (SolveRootConfig, EvalRootConfig))
+
+
+def auto_ranker_gpus(cfg: CoevoConfig) -> float:
+    """`ranker.num_gpus` when unset: the whole GPUs `cluster.nodes x cluster.gpus_per_node` has left after the
+    other loaded roles, when they ask for GPUs (else 0: a CPU run stays one); at most one per solver GPU (the
+    ranker's calls come from the solver's episodes: data-parallel, each of its ranks serves a share) and one
+    where it cannot be sharded (frozen, LoRA, `weight_sync=ipc`: coevo/train/sharded.py). A ranker without
+    a model of its own (modes none and oracle, `share_backbone`) is not placed."""
+    ranker = cfg.ranker
+    if ranker.mode not in (RankerMode.trainable, RankerMode.frozen) or ranker.share_backbone:
+        return 0.0
+    asks = [p.num_gpus for p in ([cfg.proposer] if loads_proposer(cfg) else []) + [cfg.solver] if p.num_gpus > 0]
+    if not asks:
+        return 0.0
+    free = cfg.cluster.nodes * cfg.cluster.gpus_per_node - gpus_asked(asks)
+    shardable = not ranker.frozen and ranker.lora.rank == 0 and ranker.weight_sync != WeightSync.ipc
+    return float(max(0, min(free, max(1, math.ceil(cfg.solver.num_gpus)) if shardable else 1)))
+
+
+def resolve_placement(cfg: CoevoConfig) -> None:
+    """Decide an unset `ranker.num_gpus` (`auto_ranker_gpus`), then every `<role>.engine=auto`: vllm for a role
+    with num_gpus > 0, hf otherwise.
+
+    The one place that decides them, at validation (`to_object`), so the GPU plan, the memory estimate, the
+    checks and the actors all read the decided values; coevo/train/preflight.py says them at start. The rule
+    reads the config alone: a role on a GPU runs only where torch and vLLM are GPU builds (preflight refuses
+    it elsewhere), so `coevo.plan` on a CPU machine plans what the GPU node runs, and a CPU run (no role on a
+    GPU) keeps HF and the CPU. `rollout.engine` itself stays `auto`: it is what the user chose.
+    """
+    if cfg.ranker.num_gpus is None:
+        cfg.ranker.num_gpus = auto_ranker_gpus(cfg)
+    for policy in (cfg.proposer, cfg.solver, cfg.ranker):
+        if policy.engine == Engine.auto:
+            policy.engine = Engine.vllm if policy.num_gpus > 0 else Engine.hf
+
+
 def to_object(cfg: DictConfig, schema: type[CoevoConfig] = CoevoConfig) -> CoevoConfig:
-    """Turn a composed DictConfig into the typed root `schema` (interpolations resolved), validated."""
+    """Turn a composed DictConfig into the typed root `schema` (interpolations resolved), validated, with the
+    frozen roles (`resolve_frozen`), the ranker's GPUs and the engines (`resolve_placement`) decided."""
     check_known_keys(cfg, schema)
     obj = OmegaConf.to_object(OmegaConf.merge(OmegaConf.structured(schema), cfg))
     assert isinstance(obj, schema)
     resolve_frozen(obj)
+    resolve_placement(obj)  # after resolve_frozen: a frozen ranker is not sharded
     validate_config(obj)
     return obj
 

@@ -49,7 +49,7 @@ class PolicyConfig:
         False, "on a CPU with native bf16 (avx512_bf16 / amx_bf16): forward passes in bf16 over fp32 weights")
     cpu_compile: bool = key(False, "on a CPU: each decoder layer's update forward/backward through torch.compile "
                             "(fused kernels; needs gradient_checkpointing or shared_prompt=false, and g++)")
-    engine: Engine = key("${rollout.engine}", "generation engine: hf | vllm")
+    engine: Engine = key("${rollout.engine}", "generation engine: auto (vllm with num_gpus > 0, else hf) | hf | vllm")
     checkpoint: Optional[str] = key(None, "HF checkpoint dir that replaces the preset weights")
     frozen: bool = key(False, "generate with the initial weights and never update")
     lr: float = key(1e-6, "AdamW learning rate", NON_NEGATIVE)
@@ -145,6 +145,8 @@ class RankerConfig(PolicyConfig):
     """The generative listwise re-ranker inside the search tool (SPEC §4.3-4.6)."""
 
     mode: RankerMode = key(RankerMode.trainable, "trainable | frozen | none (first-stage top-K) | oracle")
+    num_gpus: Optional[float] = key(None, "GPUs of its Ray actor; None: the GPUs the other roles leave free when "
+                                    "they use GPUs, else 0 (config.resolve_placement)", NON_NEGATIVE)
     share_backbone: bool = key(False, "the ranker uses the solver's weights")
     n_candidates: int = key(10, "N: first-stage candidates shown to the ranker (paper 50)", AT_LEAST_1)
     top_k: int = key(3, "K: documents the ranker returns to the solver (paper 5)", AT_LEAST_1)

@@ -24,7 +24,10 @@ class SamplingParams:
     max_new_tokens: int = 128  # per completion
     stop: list[str] = field(default_factory=list)  # generation ends after any of these strings (kept in the text)
     n: int = 1  # completions per prompt
-    seed: Optional[int] = None  # makes sampling reproducible when set
+    seed: Optional[int] = None  # makes sampling reproducible when set: row (prompt i, sample j) uses seed + i*n + j
+    # A group id per prompt for a data-parallel policy's split (coevo/train/sharded.py `prompt_blocks`): a group's
+    # prompts (a solver task's rollouts, contiguous) generate on one rank. Engines ignore it.
+    groups: Optional[list[int]] = None
 
 
 @dataclass

@@ -8,7 +8,9 @@ coevo/orchestrate/policy_actors.py so that a plain policy actor's process never 
 from __future__ import annotations
 
 import os
+import random
 import socket
+from dataclasses import replace
 from datetime import timedelta
 from typing import Any, Optional
 
@@ -19,7 +21,7 @@ from coevo.core.types import Completion, SamplingParams
 from coevo.orchestrate.hostpaths import Need, check_host_paths
 from coevo.orchestrate.policy_actors import RemotePolicy
 from coevo.orchestrate.remote import call, limit_threads, where
-from coevo.train.sharded import ShardedPolicy
+from coevo.train.sharded import ShardedPolicy, block_sampling, prompt_blocks
 
 
 class ShardedWorker:
@@ -35,6 +37,7 @@ class ShardedWorker:
         torch.manual_seed(seed)  # the same on every rank: the ranks must start from the same weights
         self.cfg, self.role, self.rank, self.world = cfg, role, rank, world
         self.policy: Optional[ShardedPolicy] = None
+        self.generated = 0  # prompts this rank has generated (its blocks of the data-parallel rollouts)
 
     def ready(self) -> dict:
         return where()
@@ -60,13 +63,17 @@ class ShardedWorker:
     def info(self) -> dict:
         policy = self._policy()
         return {"params": policy.num_parameters(), "frozen": policy.frozen, "device": str(policy.policy.device),
-                "rank": self.rank, "world": self.world}
+                "rank": self.rank, "world": self.world, "generating_ranks": policy.generating_ranks,
+                "generated": self.generated}
 
     def chat_prompt_ids(self, messages_batch: list[list[dict]]) -> list[list[int]]:
         return [self._policy().chat_prompt_ids(m) for m in messages_batch]
 
     def generate(self, prompts: list[list[int]], sampling: SamplingParams) -> list[list[Completion]]:
-        return self._policy().generate(prompts, sampling)
+        """This rank's block (`RemoteShardedPolicy.generate` splits the call and seeds the block)."""
+        out = self._policy().generate(prompts, sampling)
+        self.generated += len(prompts)
+        return out
 
     def update(self, batch: list) -> dict:
         return self._policy().update(batch)
@@ -107,8 +114,8 @@ class RemoteShardedPolicy(RemotePolicy):
     """Driver-side stand-in for a sharded policy: `RemotePolicy`'s interface over one worker per rank.
 
     `update`, `save` and `load` go to every rank (they are collectives; the batch is put in the
-    object store once); generation and prompts go to rank 0, which generates with its own copy
-    of the weights (coevo/train/sharded.py). `actor` is rank 0, `workers` all of them. Each worker
+    object store once); `generate` is data-parallel over the ranks that generate (`generate`);
+    prompts (`chat_prompt_ids`) go to rank 0. `actor` is rank 0, `workers` all of them. Each worker
     gets `options[rank]` (its bundle); `backend` is NCCL for GPUs, gloo for CPU workers (tests).
     `start()` joins the process group and loads the model once every worker is placed; its
     collectives time out after `collective_timeout_s` (`cluster.collective_timeout_s`).
@@ -120,13 +127,30 @@ class RemoteShardedPolicy(RemotePolicy):
         self.workers = [remote.options(**opts).remote(cfg, role, seed, rank, len(options), wanted)
                         for rank, opts in enumerate(options)]
         self.backend, self.collective_timeout_s = backend, collective_timeout_s
+        self.generating_ranks = 1  # until `start` says how many ranks have an engine
+        self._seeds = random.Random(seed)
         super().__init__(self.workers[0], cfg, role)
 
     def start(self) -> list[dict]:
         """Every rank's `info()` once the process group is up and the sharded model loaded."""
         address, port = call(self.workers[0].endpoint.remote(), f"{self.role} rank 0 endpoint")
-        return gather([w.setup.remote(address, port, self.backend, self.collective_timeout_s) for w in self.workers],
-                      f"{self.role} start-up")
+        infos = gather([w.setup.remote(address, port, self.backend, self.collective_timeout_s) for w in self.workers],
+                       f"{self.role} start-up")
+        self.generating_ranks = int(infos[0]["generating_ranks"])
+        return infos
+
+    def generate(self, prompts: list[list[int]], sampling: SamplingParams) -> list[list[Completion]]:
+        """`Policy.generate`'s results, data-parallel: rank r of the `generating_ranks` generates block r of
+        `prompts` (`prompt_blocks`: contiguous, balanced by count; by whole groups of `sampling.groups`, so a
+        solver task's rollouts share a rank), seeded as in one call (`block_sampling`); the blocks come back
+        concatenated in rank order, i.e. in prompt order. An unseeded call is given a seed drawn here: the
+        ranks' RNGs start alike, so unseeded blocks would sample from the same random streams."""
+        if self.generating_ranks > 1 and sampling.seed is None:
+            sampling = replace(sampling, seed=self._seeds.randrange(2**31))
+        blocks = prompt_blocks(len(prompts), self.generating_ranks, sampling.groups)
+        refs = [w.generate.remote(prompts[a:b], block_sampling(sampling, a))
+                for w, (a, b) in zip(self.workers, blocks) if b > a]
+        return [c for part in gather(refs, f"{self.role} generate") for c in part]
 
     def update(self, batch: list) -> dict:
         ref = ray.put(batch)

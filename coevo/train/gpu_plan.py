@@ -4,7 +4,10 @@
 fit (`check_gpu_plan`, `run.plan_check`). It models the code as it runs today: a policy with
 `num_gpus = 1` keeps its whole model on its GPU, a fractional `num_gpus` gets that share of one
 GPU, and `num_gpus = n > 1` is n ranks sharded with FSDP2 (coevo/train/sharded.py), planned on
-rank 0 (the one that also generates); the hardware is `cluster.*`.
+rank 0 (each rank also generates its share of the rollouts: `generating_ranks`, all of them but
+for vLLM in its own process, rank 0 alone); the hardware is `cluster.*`. It plans the roles as validation
+placed them (coevo/core/config.py `resolve_placement`): an unset `ranker.num_gpus` takes the GPUs the
+other roles leave, and `engine=auto` is vLLM on a GPU, whatever machine the plan is made on.
 Per GPU role, in bytes (`GpuPlan.terms`):
 - `weights`: parameters x dtype bytes (fp32 masters for a trained full fine-tune; with LoRA the
   frozen base in its dtype plus the fp32 adapter);
@@ -19,7 +22,7 @@ Per GPU role, in bytes (`GpuPlan.terms`):
   outside its utilization share;
 - sharded (`num_gpus = n > 1`): `weights`, `grads`, `optimizer` and `reference` are divided by n
   (FSDP2 keeps 1/n of each on every rank); activations, the engine and the CUDA context stay per
-  GPU; rank 0 adds `generation_copy` for `engine=hf` (its own unsharded weights to generate with,
+  GPU; every rank adds `generation_copy` for `engine=hf` (its own unsharded weights to generate with,
   bf16 under `bf16_autocast`); the update's autocast copy of the weights becomes the units FSDP
   gathers (`gathered_bytes`: the root's embeddings/norm/head and two decoder layers in compute
   precision, plus their fp32 gradients before the reduce-scatter);
@@ -43,7 +46,7 @@ import math
 from dataclasses import dataclass, field
 from typing import Any, Optional
 
-from coevo.core.config import CoevoConfig, PolicyConfig
+from coevo.core.config import CoevoConfig, PolicyConfig, gpus_asked
 from coevo.train.gpu_terms import (
     CUDA_CONTEXT,
     EngineStart,
@@ -92,6 +95,7 @@ class GpuPlan:
     checkpoint: dict[str, int] = field(default_factory=dict)  # one save: "device", "host" bytes
     host: dict[str, int] = field(default_factory=dict)  # rank 0's host RAM at start-up, sync, checkpoint
     notes: list[str] = field(default_factory=list)
+    generating_ranks: int = 1  # ranks that generate rollouts (a sharded role's data-parallel generation)
     would_fit: list[str] = field(default_factory=list)  # the fewest cumulative overrides that fit (`_ladder`)
 
     @property
@@ -124,7 +128,8 @@ class GpuPlan:
                 "total_per_gpu_gb": round(self.total / GB, 2), "gpu_budget_gb": round(self.budget / GB, 2),
                 "startup_peak_gb": round(self.startup_peak / GB, 2), "startup_gb": gb(self.startup),
                 "vllm_start": vllm, "sync_gb": gb(self.sync), "checkpoint_gb": gb(self.checkpoint),
-                "host_gb": gb(self.host), "fits": self.fits, "would_fit": self.would_fit, "notes": self.notes}
+                "host_gb": gb(self.host), "generating_ranks": self.generating_ranks, "fits": self.fits,
+                "would_fit": self.would_fit, "notes": self.notes}
 
 
 def completion_tokens(cfg: CoevoConfig, role: str, policy: PolicyConfig) -> int:
@@ -158,7 +163,7 @@ def gathered_bytes(shape: ModelShape, compute: int) -> int:
 
 
 def _shard_terms(plan: GpuPlan, policy: PolicyConfig, shape: ModelShape, ranks: int, bf16: bool) -> None:
-    """Divide the sharded terms by `ranks`; add rank 0's generation copy (HF engine)."""
+    """Divide the sharded terms by `ranks`; add each rank's generation copy (HF engine)."""
     for key in ("weights", "grads", "optimizer", "reference"):
         if key in plan.terms:
             plan.terms[key] = math.ceil(plan.terms[key] / ranks)
@@ -197,8 +202,9 @@ def role_plan(cfg: CoevoConfig, role: str, policy: PolicyConfig, shape: ModelSha
     plan.terms["cuda_context"] = CUDA_CONTEXT
     if ranks:
         _shard_terms(plan, policy, shape, ranks, bf16)
+        plan.generating_ranks = 1 if engine_process(policy) else ranks  # coevo/train/sharded.py: data-parallel
         plan.notes.append(f"{role}.num_gpus={ranks}: FSDP2 shards weights, gradients, optimizer state and reference "
-                          f"over {ranks} GPUs; activations and the engine are per GPU; planned: rank 0 (it generates)")
+                          f"over {ranks} GPUs; activations and the engine are per GPU; planned: rank 0")
     _moment_terms(plan, policy, shape, adapter, ranks, bf16, gpu_bytes)
     return plan
 
@@ -298,10 +304,9 @@ def _shape_and_model(role: str, policy: PolicyConfig) -> tuple[ModelShape, Any]:
 
 
 def gpus_needed(cfg: CoevoConfig, with_proposer: bool = True) -> float:
-    """GPUs the roles ask for together: whole GPUs for num_gpus >= 1, fractional shares summed."""
-    asks = [p.num_gpus for p in loaded_policies(cfg, with_proposer).values() if p.num_gpus > 0]
-    whole = sum(math.ceil(a) for a in asks if a >= 1)
-    return whole + math.ceil(sum(a for a in asks if a < 1) - 1e-9)
+    """GPUs the roles ask for together (`config.gpus_asked`: whole GPUs for num_gpus >= 1, fractional shares
+    summed), the ranker's as `config.resolve_placement` decided it."""
+    return gpus_asked([p.num_gpus for p in loaded_policies(cfg, with_proposer).values() if p.num_gpus > 0])
 
 
 def plan_message(plans: list[GpuPlan], cfg: CoevoConfig, with_proposer: bool = True) -> Optional[str]:

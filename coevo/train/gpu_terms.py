@@ -1,13 +1,13 @@
 """The GPU planner's start-up, weight-sync and checkpoint terms, and vLLM's free-memory precondition.
 
 coevo/train/gpu_plan.py builds each role's steady terms; this module derives what the role holds
-at other moments, per rank (rank 0, the busiest: it generates), in bytes:
+at other moments, per rank (rank 0, the busiest: its host loads the model, and it always generates), in bytes:
 - start-up (`startup_terms`): the trainer state is built before any engine starts. A sharded role
   (`num_gpus = n > 1`, coevo/train/sharded.py) loads the fp32 model on rank 0's HOST (not its GPU),
   the other ranks build it on `meta`; each rank's device holds its shards of the weights (P x 4 / n),
   of the KL reference (bf16 under `bf16_autocast`, P x 2 / n) and AdamW's two fp32 moments
   (P x 8 / n, allocated at start; the gradients of that allocation step are freed, so none are
-  held), the CUDA context, rank 0's bf16 generation copy with `engine=hf`, and while the weights are
+  held), the CUDA context, each rank's bf16 generation copy with `engine=hf`, and while the weights are
   broadcast from rank 0 (`broadcast`) two of the largest parameter in the load dtype (one being
   scattered, one in flight). A role on one GPU (or a share of one): its weights, the reference
   (made one parameter at a time: no second full copy), the moments and the context;

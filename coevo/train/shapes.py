@@ -2,8 +2,8 @@
 
 `meta_model` instantiates a causal LM on torch's meta device from its config: a local or
 embedded model's `config.json`, or, for the hub models the presets name, their public
-`config.json` values below (so `coevo.plan` sizes `solver=qwen2.5-7b` offline, with nothing
-downloaded). `shape_of` reads what the memory estimates need; `adapter_parameters` counts a
+`config.json` values (coevo/train/public_configs.py: so `coevo.plan` sizes `solver=qwen2.5-7b`
+offline, with nothing downloaded). `shape_of` reads what the memory estimates need; `adapter_parameters` counts a
 LoRA adapter exactly, from the Linear layers its target names match.
 """
 from __future__ import annotations
@@ -13,22 +13,7 @@ from typing import Any, Optional
 
 from coevo.train.lora import is_adapter_dir
 from coevo.train.models import resolve_model_path
-
-# Public config.json values of the hub models the shipped presets name (configs/model/*.yaml).
-_QWEN25_3B = {"model_type": "qwen2", "hidden_size": 2048, "intermediate_size": 11008, "num_hidden_layers": 36,
-              "num_attention_heads": 16, "num_key_value_heads": 2, "vocab_size": 151936,
-              "tie_word_embeddings": True, "max_position_embeddings": 32768}
-PUBLIC_CONFIGS: dict[str, dict] = {
-    "Qwen/Qwen2.5-7B-Instruct": {"model_type": "qwen2", "hidden_size": 3584, "intermediate_size": 18944,
-                                 "num_hidden_layers": 28, "num_attention_heads": 28, "num_key_value_heads": 4,
-                                 "vocab_size": 152064, "tie_word_embeddings": False,
-                                 "max_position_embeddings": 32768},
-    "Qwen/Qwen2.5-3B-Instruct": _QWEN25_3B,
-    "Qwen/Qwen2.5-3B": _QWEN25_3B,
-    "Qwen/Qwen3-4B": {"model_type": "qwen3", "hidden_size": 2560, "intermediate_size": 9728, "num_hidden_layers": 36,
-                      "num_attention_heads": 32, "num_key_value_heads": 8, "head_dim": 128, "vocab_size": 151936,
-                      "tie_word_embeddings": True, "max_position_embeddings": 40960},
-}
+from coevo.train.public_configs import public_config
 
 
 @dataclass(frozen=True)
@@ -43,17 +28,6 @@ class ModelShape:
     tied: bool  # input and output embeddings share one matrix (vLLM runs untied: one more copy)
     kv_heads: int
     head_dim: int
-
-
-def public_config(model: str) -> Optional[Any]:
-    """A transformers config built from `PUBLIC_CONFIGS[model]`; None for any other model."""
-    values = PUBLIC_CONFIGS.get(model)
-    if values is None:
-        return None
-    from transformers import AutoConfig
-
-    values = dict(values)
-    return AutoConfig.for_model(values.pop("model_type"), **values)
 
 
 def meta_model(model: str, checkpoint: Optional[str] = None) -> Any:

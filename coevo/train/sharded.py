@@ -26,21 +26,24 @@ Choices a caller may rely on:
   the device (`to_empty`) and filled from rank 0 one tensor at a time (`set_model_state_dict(...,
   broadcast_from_rank0=True)`; buffers broadcast by name). No rank holds the unsharded model on
   its device; the reference shards are bf16 on a bf16 CUDA device. Then the AdamW moments, then
-  `empty_cache`, then the engine. An in-process vLLM (`weight_sync=inprocess`, what `auto` is on
-  CUDA) shares this process's default group and creates process groups as it starts (collectives),
-  so EVERY rank builds one, on dummy weights, and every rank loads the first gathered weights
-  (closing such an engine tears the default group down: only at the end). Otherwise rank 0 alone:
-  vLLM in its own process staged from the host model in its serving dtype, or for `engine=hf` a
-  generation copy in the compute dtype on the device (made one parameter at a time); the host
-  model is then dropped;
-- generation runs on rank 0 alone (the other ranks' engines are idle until data-parallel rollouts);
+  `empty_cache`, then the engine, on EVERY rank (filled by a first sync): an in-process vLLM
+  (`weight_sync=inprocess`, `auto` on CUDA: it shares this process's default group and creates
+  groups as it starts) on dummy weights, or for `engine=hf` a generation copy in the compute dtype,
+  rank 0's from the host model one parameter at a time, the others' on empty memory (ties kept,
+  buffers broadcast). vLLM in its own process (`tmpfs`, the CPU default) is rank 0's alone, staged
+  from the host model (other ranks have none to stage). The host model is then dropped. Closing an
+  in-process vLLM tears the default group down: only at the end;
+- data-parallel rollouts: the `generating_ranks` (all, or rank 0 for vLLM in its own process) each
+  generate a contiguous block of a call's prompts (`prompt_blocks`: balanced by count, a solver group
+  never cut), its seed moved to the block's first prompt (`block_sampling`: engines seed row (prompt
+  i, sample j) `seed + i*n + j`, so a fixed seed samples the same rows however the prompts are split);
+  coevo/orchestrate/sharded_actors.py sends each rank its block, concatenates in rank order;
 - weight sync after every update (`gathered_weights`): every rank walks the parameters in order,
   casts its shard to the serving dtype and all-gathers it (`full_tensor`): one full parameter
-  alive at a time, 2 bytes per parameter sent in bf16, nothing through the host on NCCL. Each
-  rank's in-process vLLM takes the stream (`VLLMEngine.load_weights`: no file); else rank 0 hands
-  it to its vLLM (tmpfs) or copies it into its HF generation copy. A rank that fails leaves the
-  others in a collective until the process group's timeout (`cluster.collective_timeout_s`);
-  `weight_sync=ipc` is refused at start;
+  alive at a time, 2 bytes per parameter sent in bf16, nothing through the host on NCCL. Every
+  rank's engine takes the stream (in-process vLLM: `load_weights`, no file; HF: copied into its
+  generation copy), or rank 0's vLLM in its own process. A rank that fails leaves the others in a
+  collective until the group's timeout (`cluster.collective_timeout_s`); `weight_sync=ipc` is refused;
 - `save`/`load` (coevo/train/sharded_io.py): every rank writes its own shards of the fp32 weights
   and AdamW state with torch.distributed.checkpoint, atomically, never a full copy; `load`
   re-shards them onto any number of ranks, or reads `Policy.save`'s format (rank 0 reads,
@@ -49,9 +52,11 @@ Choices a caller may rely on:
 """
 from __future__ import annotations
 
+import copy
 import time
+from dataclasses import replace
 from pathlib import Path
-from typing import Iterator, Optional
+from typing import Hashable, Iterator, Optional, Sequence
 
 import torch
 import torch.distributed as dist
@@ -87,6 +92,35 @@ def split_by_tokens(counts: list[int], world: int) -> list[list[int]]:
         ranks[r].append(i)
         totals[r] += counts[i]
     return [sorted(r) for r in ranks]
+
+
+def prompt_blocks(n: int, world: int, groups: Optional[Sequence[Hashable]] = None) -> list[tuple[int, int]]:
+    """[start, end) of each rank's contiguous block of `n` prompts, balanced by count; pure and deterministic.
+
+    Cut k (1..world-1) is the allowed boundary nearest k*n/world (ties: the higher), never before cut k-1.
+    Without `groups` every boundary is allowed (sizes differ by at most one); with `groups` (a group id per
+    prompt, each group's prompts contiguous: a solver task's rollouts) only boundaries between groups, so a
+    group never spans ranks (a rank may then get none).
+    """
+    if world < 1:
+        raise ValueError(f"prompt_blocks: world={world}, expected at least 1 rank")
+    bounds = list(range(n + 1))
+    if groups is not None:
+        if len(groups) != n:
+            raise ValueError(f"prompt_blocks: {len(groups)} group ids for {n} prompts, expected one per prompt")
+        bounds = [0] + [i for i in range(1, n) if groups[i] != groups[i - 1]] + [n] if n else [0]
+        if len({groups[b] for b in bounds[:-1]}) != len(bounds) - 1:
+            raise ValueError("prompt_blocks: a group's prompts are apart; expected each group's prompts contiguous")
+    cuts = [0]
+    for k in range(1, world):
+        cuts.append(min((b for b in bounds if b >= cuts[-1]), key=lambda b: (abs(b - k * n / world), -b)))
+    return list(zip(cuts, cuts[1:] + [n]))
+
+
+def block_sampling(sampling: SamplingParams, start: int) -> SamplingParams:
+    """`sampling` for a block of prompts from prompt `start`: rows seeded as in the whole call, no groups."""
+    return replace(sampling, seed=None if sampling.seed is None else int(sampling.seed) + start * sampling.n,
+                   groups=None)
 
 
 def shard_count(cfg: PolicyConfig, role: str) -> int:
@@ -177,15 +211,16 @@ def _full_tensor(param: torch.Tensor, dtype: torch.dtype) -> torch.Tensor:
 
 
 class _NoEngine:
-    """The engine of ranks > 0: generation runs on rank 0 only."""
+    """The engine of ranks > 0 when vLLM runs in its own process (tmpfs): rank 0 alone generates."""
 
     def __init__(self, role: str, rank: int) -> None:
         self.role, self.rank = role, rank
 
     def generate(self, prompts: list[list[int]], sampling: SamplingParams) -> list[list[Completion]]:
-        raise RuntimeError(f"{self.role} rank {self.rank} has no generation engine: a sharded role generates on rank 0")
+        raise RuntimeError(f"{self.role} rank {self.rank} has no generation engine: vLLM in its own process "
+                           f"({self.role}.weight_sync tmpfs) generates on rank 0 alone")
 
-    def sync_weights(self, model: torch.nn.Module) -> None:  # the sharded policy refreshes rank 0's copy itself
+    def sync_weights(self, model: torch.nn.Module) -> None:  # the sharded policy syncs the engines itself
         pass
 
 
@@ -230,28 +265,44 @@ class ShardedPolicy:
         self.policy.build_optimizer()  # over the sharded parameters
         self.serving_dtype = _serving_dtype(cfg, device)
         self.gen_model: Optional[torch.nn.Module] = None
-        # An in-process vLLM shares this process's default group, and its start-up creates process groups
-        # (collectives): every rank builds one, on dummy weights, and every rank loads the gathered weights.
-        self.every_rank_serves = str(cfg.engine) == "vllm" and resolved_weight_sync(str(cfg.weight_sync)) == "inprocess"
-        if self.every_rank_serves:
-            empty_device_cache()
-            self.policy.engine = build_engine(cfg, cast_copy(model, device="meta"), tokenizer)
-            self._sync_engine()
-        elif host is not None:
-            self._start_engine(cfg, host, tokenizer, device)
+        self.own_process = str(cfg.engine) == "vllm" and resolved_weight_sync(str(cfg.weight_sync)) != "inprocess"
+        self.generating_ranks = 1 if self.own_process else self.world  # module docstring: data-parallel rollouts
+        self._start_engine(cfg, model, host, tokenizer, device)
 
-    def _start_engine(self, cfg: PolicyConfig, host: torch.nn.Module, tokenizer, device: torch.device) -> None:  # noqa: ANN001
-        """Rank 0's engine, once the shards are in place and the cache emptied: vLLM stages from `host` (in
-        its serving dtype); the HF engine generates with its own copy in that dtype on `device`."""
+    def _start_engine(self, cfg: PolicyConfig, model: torch.nn.Module, host: Optional[torch.nn.Module],
+                      tokenizer, device: torch.device) -> None:  # noqa: ANN001
+        """This rank's engine, once the shards are in place and the cache emptied (module docstring): vLLM in
+        its own process on rank 0 alone, staged from `host`; else every rank's, filled by a first sync (a
+        collective): an in-process vLLM on dummy weights, or an HF generation copy in the serving dtype."""
         empty_device_cache()  # a GPU engine checks free memory at start: what start-up freed must not count as used
+        if self.own_process:
+            if host is not None:
+                self.policy.engine = build_engine(cfg, host, tokenizer)
+            return
         if str(cfg.engine) == "vllm":
-            engine = build_engine(cfg, host, tokenizer)
+            self.policy.engine = build_engine(cfg, cast_copy(model, device="meta"), tokenizer)
         else:
-            same = host.device == device and next(host.parameters()).dtype == self.serving_dtype
-            self.gen_model = host.eval().requires_grad_(False) if same else \
-                reference_copy(host, self.serving_dtype, device)
-            engine = build_engine(cfg, self.gen_model, tokenizer)
-        self.policy.engine = engine
+            self.gen_model = self._generation_copy(model, host, device)
+            self.policy.engine = build_engine(cfg, self.gen_model, tokenizer)
+        self._sync_engine()
+
+    def _generation_copy(self, model: torch.nn.Module, host: Optional[torch.nn.Module],
+                         device: torch.device) -> torch.nn.Module:
+        """The HF engine's weights in the serving dtype on `device`: rank 0's from `host` (itself when it is
+        already that), the other ranks' on empty memory, each parameter object once (ties kept); buffers
+        (rotary frequencies: in no gathered stream) broadcast from rank 0."""
+        if host is not None and host.device == device and next(host.parameters()).dtype == self.serving_dtype:
+            gen = host.eval().requires_grad_(False)
+        elif host is not None:
+            gen = reference_copy(host, self.serving_dtype, device)
+        else:
+            memo: dict[int, object] = {id(b): torch.empty_like(b, device=device) for b in model.buffers()}
+            for p in model.parameters():
+                memo[id(p)] = torch.nn.Parameter(torch.empty(p.shape, dtype=self.serving_dtype, device=device), False)
+            gen = copy.deepcopy(model, memo).eval()
+        for buffer in gen.buffers():
+            dist.broadcast(buffer, src=0)
+        return gen
 
     @classmethod
     def from_config(cls, cfg: PolicyConfig, role: str = "policy") -> "ShardedPolicy":
@@ -275,7 +326,8 @@ class ShardedPolicy:
         return self.policy.chat_prompt_ids(messages)
 
     def generate(self, prompts: list[list[int]], sampling: SamplingParams) -> list[list[Completion]]:
-        """Rank 0 only (the others have no engine); same budget check and results as `Policy.generate`."""
+        """`prompts` (this rank's block, `sampling` from `block_sampling`) on this rank's engine: ranks below
+        `generating_ranks` only; same budget check and results as `Policy.generate`."""
         return self.policy.generate(prompts, sampling)
 
     def num_parameters(self) -> int:
@@ -321,21 +373,18 @@ class ShardedPolicy:
 
     def _sync_engine(self) -> None:
         """Serve the updated weights: every rank gathers them one parameter at a time (a collective per
-        parameter, in the serving dtype), and rank 0 hands them to its engine as they come."""
+        parameter, in the serving dtype), and each rank with an engine takes them as they come."""
         # vLLM runs untied (engines/vllm_weights.py `engine_tensors`): it gets lm_head.weight even when tied.
         stream = gathered_weights(self.policy.model, self.serving_dtype, str(self.policy.cfg.engine) == "vllm")
-        if self.every_rank_serves:  # each rank's own engine takes every gathered parameter
-            self.policy.engine.load_weights(stream)
-            return
         try:
-            if self.rank == 0 and self.gen_model is not None:
+            if self.gen_model is not None:  # every rank's HF generation copy
                 params = dict(self.gen_model.named_parameters())
                 for name, tensor in stream:
                     params[name].copy_(tensor)
-            elif self.rank == 0:
+            elif self.rank < self.generating_ranks:  # every rank's in-process vLLM; rank 0's in its own process
                 self.policy.engine.load_weights(stream)
         finally:
-            for _ in stream:  # every rank runs every gather, whatever rank 0's engine consumed or raised
+            for _ in stream:  # every rank runs every gather, whatever its engine consumed or raised
                 pass
 
     def save(self, directory: str | Path) -> Path:

@@ -8,8 +8,14 @@ Choices a caller may rely on:
   every row and each row's own tokens follow it, padded between the prefix and them (positions
   still come from the mask). Same distributions, prefill cost paid once for the prefix;
 - `temperature == 0` is greedy; otherwise multinomial sampling with `temperature` and `top_p`
-  (no top-k and none of the checkpoint's `generation_config` sampling defaults: the
-  `SamplingParams` are the whole truth, as with vLLM);
+  (transformers' own warpers; no top-k and none of the checkpoint's `generation_config` sampling
+  defaults: the `SamplingParams` are the whole truth, as with vLLM);
+- seeds, as the vLLM engine's: row k = i*n + j of a call (prompt i, sample j) draws from its own
+  generator seeded `seed + k`, so what a row samples does not depend on the other rows of its batch,
+  on `max_batch_rows`, or on how a data-parallel caller splits the prompts (a block starting at prompt
+  a is the same call with seed `seed + a*n`, coevo/train/sharded.py `block_sampling`); rows with
+  equal prompts still differ. Without a seed the base seed is drawn from torch's global RNG. A
+  seeded call leaves the global RNG untouched;
 - stop strings are matched on the decoded completion after every token; the completion ends
   at the first token whose decoding completes a stop string. That token is kept whole, so
   `text` contains the stop string and may run a few characters past it when the token spans
@@ -26,12 +32,11 @@ Choices a caller may rely on:
 """
 from __future__ import annotations
 
-from collections.abc import Iterator
-from contextlib import contextmanager, nullcontext
 from typing import Optional
 
 import torch
 from transformers import GenerationConfig, LogitsProcessor, StoppingCriteria
+from transformers.generation.logits_process import TemperatureLogitsWarper, TopPLogitsWarper
 
 from coevo.core.types import Completion, SamplingParams
 from coevo.train.lora import hf_model
@@ -42,7 +47,7 @@ class _LogprobRecorder(LogitsProcessor):
 
     A processor sees the logits *before* the token is sampled, so each call gathers the
     previous step's token (now the last column of `input_ids`); `finish` gathers the last one.
-    Custom processors run before the temperature/top-p warpers, so these are raw logits.
+    It runs first, before `_RowSampler` applies temperature and top-p, so these are raw logits.
     """
 
     def __init__(self) -> None:
@@ -63,6 +68,30 @@ class _LogprobRecorder(LogitsProcessor):
         if not self._steps:
             return torch.zeros(sequences.shape[0], 0)
         return torch.stack(self._steps, dim=1).cpu()
+
+
+class _RowSampler(LogitsProcessor):
+    """Samples every row from its own generator (row r seeded `seeds[r]`) and keeps only the drawn token.
+
+    Runs after `_LogprobRecorder` (which must see the raw logits): temperature, then top-p (the warpers
+    `do_sample` would apply), then one multinomial draw per row. `generate` runs greedy over the
+    returned scores (the drawn token 0, every other -inf), so its argmax is the draw: transformers'
+    own sampling would draw every row from one global stream, which ties a row's sample to its batch.
+    """
+
+    def __init__(self, seeds: list[int], temperature: float, top_p: float, device: torch.device) -> None:
+        self.generators = [torch.Generator(device=device).manual_seed(s) for s in seeds]
+        self.warpers: list[LogitsProcessor] = [TemperatureLogitsWarper(temperature)] if temperature != 1.0 else []
+        if top_p < 1.0:
+            self.warpers.append(TopPLogitsWarper(top_p))
+
+    def __call__(self, input_ids: torch.LongTensor, scores: torch.FloatTensor) -> torch.FloatTensor:
+        warped = scores
+        for warper in self.warpers:
+            warped = warper(input_ids, warped)
+        probs = torch.softmax(warped.float(), dim=-1)
+        drawn = torch.cat([torch.multinomial(probs[r], 1, generator=g) for r, g in enumerate(self.generators)])
+        return torch.full_like(scores, float("-inf")).scatter_(1, drawn[:, None], 0.0)
 
 
 class _StopStrings(StoppingCriteria):
@@ -136,30 +165,25 @@ class HFEngine:
             raise ValueError("HFEngine.generate got an empty prompt; every prompt needs at least one token")
         rows = [list(p) for p in prompts for _ in range(sampling.n)]
         step = self.max_batch_rows or max(len(rows), 1)
-        seed_ctx = self._seeded(sampling.seed) if sampling.seed is not None else nullcontext()
+        base = sampling.seed
+        if base is None and sampling.temperature > 0:
+            base = int(torch.randint(0, 2**62, ()).item())  # unseeded: from the global RNG, then per row
         flat: list[Completion] = []
-        with seed_ctx:
-            for start in range(0, len(rows), step):
-                flat.extend(self._generate_rows(rows[start:start + step], sampling))
+        for start in range(0, len(rows), step):
+            chunk = rows[start:start + step]
+            seeds = None if base is None else [int(base) + start + k for k in range(len(chunk))]
+            flat.extend(self._generate_rows(chunk, sampling, seeds))
         return [flat[i * sampling.n:(i + 1) * sampling.n] for i in range(len(prompts))]
 
-    @contextmanager
-    def _seeded(self, seed: int) -> Iterator[None]:
-        """Seed inside a forked RNG so a seeded call leaves the caller's random stream untouched."""
-        device = next(self.model.parameters()).device
-        with torch.random.fork_rng(devices=[device] if device.type == "cuda" else []):
-            torch.manual_seed(seed)
-            yield
-
     def _generation_config(self, sampling: SamplingParams) -> GenerationConfig:
-        greedy = sampling.temperature <= 0
-        kwargs = dict(max_new_tokens=sampling.max_new_tokens, do_sample=not greedy, num_beams=1,
-                      pad_token_id=self.pad_id, eos_token_id=sorted(self.eos_ids), return_dict_in_generate=True)
-        if not greedy:
-            kwargs.update(temperature=float(sampling.temperature), top_p=float(sampling.top_p), top_k=0)
-        return GenerationConfig(**kwargs)
+        """Greedy decoding always: a sampled call draws in `_RowSampler`, and generate takes its one token."""
+        return GenerationConfig(max_new_tokens=sampling.max_new_tokens, do_sample=False, num_beams=1,
+                                pad_token_id=self.pad_id, eos_token_id=sorted(self.eos_ids),
+                                return_dict_in_generate=True)
 
-    def _generate_rows(self, rows: list[list[int]], sampling: SamplingParams) -> list[Completion]:
+    def _generate_rows(self, rows: list[list[int]], sampling: SamplingParams,
+                       seeds: Optional[list[int]]) -> list[Completion]:
+        """One `model.generate` over `rows`; `seeds` (one per row) when sampling, None when greedy."""
         if sampling.max_new_tokens <= 0:
             return [Completion(prompt_ids=r, token_ids=[], text="", logprobs=[], finish_reason="length") for r in rows]
         device = next(self.model.parameters()).device
@@ -174,6 +198,10 @@ class HFEngine:
             attention[i, width - len(r) + shared:] = 1
         cache = self._prefix_cache(rows[0][:shared], len(rows), device) if shared else None
         recorder = _LogprobRecorder()
+        processors: list[LogitsProcessor] = [recorder]
+        if sampling.temperature > 0:
+            assert seeds is not None and len(seeds) == len(rows)  # `generate` gives a sampled call its row seeds
+            processors.append(_RowSampler(seeds, float(sampling.temperature), float(sampling.top_p), device))
         stopper = _StopStrings(self.tokenizer, list(sampling.stop), width, len(rows))
         # A peft (LoRA) model generates through its wrapper, but the defaults live on the HF model inside.
         holder = hf_model(self.model)
@@ -184,7 +212,7 @@ class HFEngine:
         try:
             out = self.model.generate(input_ids=input_ids.to(device), attention_mask=attention.to(device),
                                       past_key_values=cache, generation_config=self._generation_config(sampling),
-                                      logits_processor=[recorder], stopping_criteria=[stopper])
+                                      logits_processor=processors, stopping_criteria=[stopper])
         finally:
             holder.generation_config = saved
         generated = out.sequences[:, width:].cpu()

@@ -4,7 +4,8 @@ Same semantics as `coevo.train.engines.hf.HFEngine` (docs/vllm.md has the table)
 - token-id prompts (`TokensPrompt`); `temperature == 0` is greedy, else temperature + top-p over the
   full vocabulary; the checkpoint's generation_config defaults are ignored (`generation_config="vllm"`);
 - `seed`: row (prompt i, sample j) uses seed `seed + i*n + j` (vLLM seeds child j with `seed + j`), so
-  repeated prompts in one call still get different samples, as in the HF engine's single RNG stream;
+  repeated prompts in one call still get different samples and a block of the prompts from prompt a,
+  seeded `seed + a*n`, samples what those rows do in the whole call (the HF engine's rule too);
 - stop strings: the completion ends at the first token whose decoding contains one, that token kept
   (vLLM stops on its incremental text; the cut is re-checked with the HF engine's rule);
 - EOS = tokenizer EOS + every `generation_config.eos_token_id`, kept in `token_ids`;

@@ -37,7 +37,7 @@ def test_help_lists_every_schema_field_with_its_type_value_and_documentation(roo
         assert found[0].endswith(f"  # {doc}"), found[0]
     assert "  ranker.top_k: int = 3" in text if root != "eval" else "  mode: direct|rag|agent = agent" in text
     assert "  run.dir: str = runs/${now:%Y%m%d-%H%M%S}" in text  # as written: resolved when the run starts
-    assert "  rollout=hf" in text and "options: hf, vllm" in text
+    assert "  rollout=auto" in text and "options: auto, hf, vllm" in text
     # Grouped like the schema: each block under its own title, nested blocks after their parent.
     titles = [ln for ln in lines if re.match(r"^[\w. ]+ \(\w+\): ", ln)]
     assert titles[0].startswith("top level (") and "solver.reward (SolverRewardConfig): Tool-aware" in text

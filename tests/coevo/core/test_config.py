@@ -63,8 +63,8 @@ def test_unknown_key_named():
     ("retrieval.faiss.index_type=IVF", "retrieval.faiss.index_type", "flat, hnsw, ivf_pq"),
     ("solver.reward.correctness=acc", "solver.reward.correctness", "em, f1, f1_content"),
     ("proposer.reward=linear", "proposer.reward", "abs, quadratic, adversarial"),
-    ("rollout.engine=tpu", "rollout.engine", "hf, vllm"),
-    ("solver.engine=tpu", "solver.engine", "hf, vllm"),
+    ("rollout.engine=tpu", "rollout.engine", "auto, hf, vllm"),
+    ("solver.engine=tpu", "solver.engine", "auto, hf, vllm"),
     ("ranker.dtype=fp8", "ranker.dtype", "float32, bfloat16, float16"),
 ])
 def test_bad_enum_values_name_key_and_choices(override, key, choices):
@@ -123,10 +123,11 @@ def test_enums_behave_as_strings():
     assert json.dumps({"c": cfg.solver.reward.correctness}) == '{"c": "f1"}'
     assert {"f1": 1}[cfg.solver.reward.correctness] == 1
     # config.yaml of a run (the composed config) and a typed object written back: plain strings
-    for node in (compose(["experiment=fixed_ranker"]), OmegaConf.structured(cfg)):
+    # (config.yaml keeps rollout.engine=auto as chosen; the typed object holds the engine it decided)
+    for node, engine in ((compose(["experiment=fixed_ranker"]), "auto"), (OmegaConf.structured(cfg), "hf")):
         written = yaml.safe_load(OmegaConf.to_yaml(node, resolve=True))
         assert written["ranker"]["mode"] == "frozen" and type(written["ranker"]["mode"]) is str
-        assert written["solver"]["engine"] == "hf" and written["retrieval"]["backend"] == "bm25s"
+        assert written["solver"]["engine"] == engine and written["retrieval"]["backend"] == "bm25s"
 
 
 def test_eval_out_interpolates_the_mode_string():

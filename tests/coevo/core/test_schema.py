@@ -106,7 +106,7 @@ def test_every_field_of_every_schema_dataclass_has_documentation(root):
 def test_field_docs_and_ranges_are_the_fields_metadata():
     docs = field_docs(PolicyConfig)
     assert docs["lr"] == "AdamW learning rate"
-    assert docs["engine"] == "generation engine: hf | vllm"  # an interpolated default
+    assert docs["engine"] == "generation engine: auto (vllm with num_gpus > 0, else hf) | hf | vllm"  # interpolated
     assert docs["vllm_enforce_eager"] == "skip CUDA graph capture"
     keys = {k.path: k for k in schema_keys(ROOTS["coevo"])}
     assert keys["solver.lr"].range == NON_NEGATIVE and keys["solver.top_p"].range == FRACTION
@@ -118,7 +118,7 @@ def test_field_docs_and_ranges_are_the_fields_metadata():
 
 def test_type_names():
     assert type_name(int) == "int" and type_name(Optional[str]) == "str | null"
-    assert type_name(Engine) == "hf|vllm" and type_name(Optional[Engine]) == "hf|vllm | null"
+    assert type_name(Engine) == "auto|hf|vllm" and type_name(Optional[Engine]) == "auto|hf|vllm | null"
 
 
 KEYS = [k.path for k in schema_keys(ROOTS["coevo"])]

@@ -98,26 +98,26 @@ def _start_order(overrides: list[str]) -> tuple[list, dict]:
 
 
 def test_gpu_vllm_roles_start_one_at_a_time_before_the_next_is_created():
-    # The headline command with vLLM: proposer (2 ranks) and solver (4 ranks) serve with vLLM on GPUs, the
-    # ranker (smollm2-135m) on the CPU.
+    # The headline command with vLLM: proposer (2 ranks), solver (4 ranks) and the ranker (smollm2-135m, on the
+    # 2 GPUs left) serve with vLLM on GPUs.
     events, placed = _start_order(["proposer=qwen3-4b", "solver=qwen2.5-7b", "rollout=vllm"])
     assert events == [("create", "proposer"), ("ready", ["proposer", "proposer.1"]), ("start", "proposer"),
                       ("create", "solver"), ("ready", ["solver", "solver.1", "solver.2", "solver.3"]),
-                      ("start", "solver"),
-                      ("create", "ranker"), ("ready", ["evidence", "ranker", "retrieval"])]
-    assert len(placed) == 2 + 4 + 1 + 2  # every actor's placement, each waited for once
+                      ("start", "solver"), ("create", "ranker"), ("ready", ["ranker", "ranker.1"]), ("start", "ranker"),
+                      ("ready", ["evidence", "retrieval"])]
+    assert len(placed) == 2 + 4 + 2 + 2  # every actor's placement, each waited for once
     # Single-GPU actors: each constructor (model, engine) has returned before the next actor exists.
     events, _ = _start_order(["rollout=vllm", "proposer.num_gpus=1", "solver.num_gpus=0.5", "ranker.num_gpus=0.5"])
     assert events == [("create", "proposer"), ("ready", ["proposer"]), ("create", "solver"), ("ready", ["solver"]),
                       ("create", "ranker"), ("ready", ["ranker"]), ("ready", ["evidence", "retrieval"])]
 
 
-@pytest.mark.parametrize("overrides", [["proposer=qwen3-4b", "solver=qwen2.5-7b"], ["rollout=vllm"],
-                                       ["rollout=vllm", "solver.num_gpus=1"]], ids=" ".join)
+@pytest.mark.parametrize("overrides", [["proposer=qwen3-4b", "solver=qwen2.5-7b", "rollout=hf"], ["rollout=vllm"],
+                                       ["rollout=vllm", "solver.num_gpus=1", "ranker.num_gpus=0"]], ids=" ".join)
 def test_hf_cpu_and_lone_gpu_engines_start_together(overrides):
     """HF roles, CPU engines and a single GPU vLLM role: created at once, one wait, then the sharded started."""
     events, placed = _start_order(overrides)
-    sharded = [("start", r) for r in ("proposer", "solver") if any(n == f"{r}.1" for n in placed)]
+    sharded = [("start", r) for r in ("proposer", "solver", "ranker") if any(n == f"{r}.1" for n in placed)]
     assert events == [("create", "proposer"), ("create", "solver"), ("create", "ranker"),
                       ("ready", sorted(placed)), *sharded]
     assert one_at_a_time({"solver": to_object(compose(overrides)).solver}) == []

@@ -48,7 +48,7 @@ def test_checkpoint_period(save_every, steps, due):
     ([], True, 1),  # tiny models on the CPU: every step
     (["solver.num_gpus=1"], True, GPU_SAVE_EVERY),
     (["proposer.num_gpus=2"], True, GPU_SAVE_EVERY),  # a sharded role counts as a GPU role
-    (["proposer.num_gpus=1"], False, 1),  # coevo.solve loads no proposer
+    (["proposer.num_gpus=1", "ranker.num_gpus=0"], False, 1),  # coevo.solve loads no proposer
     (["ranker.num_gpus=1"], True, GPU_SAVE_EVERY),  # the smoke ranker is its own model
     (["solver.num_gpus=1", "run.save_every=3"], True, 3),  # an explicit value always wins
     (["run.save_every=1", "solver.num_gpus=1"], True, 1),

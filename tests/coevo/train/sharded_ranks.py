@@ -53,6 +53,7 @@ def single(model_dir: str, out: Path, checkpointing: bool = False) -> None:
     policy = Policy(config(checkpointing), model, tok, "solver")
     record = update_and_save(policy, out)
     record["generated"] = policy.generate([[5, 6, 7, 8]], GREEDY)[0][0].token_ids
+    record["generated_b"] = policy.generate([[9, 10, 11]], GREEDY)[0][0].token_ids
     (out / "metrics.json").write_text(json.dumps(record))
 
 

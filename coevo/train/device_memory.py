@@ -31,23 +31,29 @@ def empty_device_cache() -> None:
 
 @torch.no_grad()
 def cast_copy(model: torch.nn.Module, dtype: Optional[torch.dtype] = None,
-              device: Optional[torch.device | str] = None) -> torch.nn.Module:
+              device: Optional[torch.device | str] = None, empty: bool = False) -> torch.nn.Module:
     """A copy of `model` with its parameters cast to `dtype` on `device` (None: as they are), made one parameter
     at a time: each copy is allocated in its own dtype and place directly, so the source device holds the
     model, the copy (if it is there) and nothing more. Tied parameters stay tied (one copy per parameter
     object); `requires_grad` is kept; buffers are cloned to `device` in their own dtype (rotary frequencies
     keep their precision). On `device="meta"` it allocates nothing: coevo/train/sharded.py's skeletons.
+    `empty`: the memory only, values left uninitialised (to be filled, e.g. by a weight sync): the only
+    way from a meta `model` to real memory with its ties kept (`to_empty` unties them).
     """
     memo: dict[int, object] = {}
     for param in model.parameters():  # each parameter object once, so tied weights stay one tensor
-        data = param.detach().to(device=device or param.device, dtype=dtype or param.dtype, copy=True)
+        where, kind = device or param.device, dtype or param.dtype
+        data = torch.empty(param.shape, dtype=kind, device=where) if empty else \
+            param.detach().to(device=where, dtype=kind, copy=True)
         memo[id(param)] = torch.nn.Parameter(data, requires_grad=param.requires_grad)
     for buffer in model.buffers():
-        memo[id(buffer)] = buffer.detach().to(device=device or buffer.device, copy=True)
+        where = device or buffer.device
+        memo[id(buffer)] = torch.empty_like(buffer, device=where) if empty else \
+            buffer.detach().to(device=where, copy=True)
     return copy.deepcopy(model, memo)
 
 
 def reference_copy(model: torch.nn.Module, dtype: Optional[torch.dtype] = None,
-                   device: Optional[torch.device | str] = None) -> torch.nn.Module:
+                   device: Optional[torch.device | str] = None, empty: bool = False) -> torch.nn.Module:
     """A frozen `cast_copy` (eval mode, no gradients): the KL reference, a generation copy."""
-    return cast_copy(model, dtype, device).eval().requires_grad_(False)
+    return cast_copy(model, dtype, device, empty).eval().requires_grad_(False)

@@ -52,7 +52,6 @@ Choices a caller may rely on:
 """
 from __future__ import annotations
 
-import copy
 import time
 from dataclasses import replace
 from pathlib import Path
@@ -296,10 +295,7 @@ class ShardedPolicy:
         elif host is not None:
             gen = reference_copy(host, self.serving_dtype, device)
         else:
-            memo: dict[int, object] = {id(b): torch.empty_like(b, device=device) for b in model.buffers()}
-            for p in model.parameters():
-                memo[id(p)] = torch.nn.Parameter(torch.empty(p.shape, dtype=self.serving_dtype, device=device), False)
-            gen = copy.deepcopy(model, memo).eval()
+            gen = reference_copy(model, self.serving_dtype, device, empty=True)
         for buffer in gen.buffers():
             dist.broadcast(buffer, src=0)
         return gen

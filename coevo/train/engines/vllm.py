@@ -65,6 +65,7 @@ from coevo.train.engines.vllm_weights import (
     check_cpu_head_size,
     cpu_kv_cache_bytes,
     engine_in_this_process,
+    engine_numel,
     engine_tensors,
     engine_weights,
     eos_ids_from_path,
@@ -156,13 +157,14 @@ class VLLMEngine:
         else:
             self.eos_ids = eos_token_ids(model_or_path, tokenizer)
             check_cpu_head_size(model_or_path.config)
-        if self.weight_sync == "inprocess" or next(model_or_path.parameters()).device.type == "meta":
+        on_meta = next(model_or_path.parameters()).device.type == "meta"
+        if self.weight_sync == "inprocess" or on_meta:
             # Nothing staged: vLLM starts from dummy weights, replaced by a first sync handed over in-process
             # (here for a real model, by the caller for a meta one), so the host never holds the served model.
             self.dummy_weights = True
-            self.weights_nbytes = sum(t.numel() for t in engine_tensors(model_or_path).values()) * self.dtype.itemsize
+            self.weights_nbytes = engine_numel(model_or_path) * self.dtype.itemsize
             self._stage([], config=model_or_path.config)
-            pending = None if next(model_or_path.parameters()).device.type == "meta" else model_or_path
+            pending = None if on_meta else model_or_path
         else:
             self._stage(engine_weights(model_or_path, self.dtype), config=model_or_path.config)
             pending = None

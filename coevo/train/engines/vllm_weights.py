@@ -1,6 +1,6 @@
 """What a vLLM engine (coevo/train/engines/vllm.py) is sent, and the memory it is planned to take.
 
-- `engine_tensors` / `engine_weights`: every tensor vLLM loads, by HF name, lm_head included (the
+- `engine_tensors` / `engine_weights` / `engine_numel`: every tensor vLLM loads, by HF name, lm_head included (the
   engine runs untied), one at a time in the serving dtype;
 - `engine_in_this_process`: `weight_sync=inprocess` builds vLLM's engine core in the caller's process
   (vLLM's own `VLLM_ENABLE_V1_MULTIPROCESSING=0`), so a generator of tensors reaches its model runner
@@ -22,7 +22,7 @@ from typing import Any, Iterator, Optional
 
 import torch
 
-from coevo.train.lora import plain_state_dict
+from coevo.train.lora import hf_model, plain_state_dict
 
 GPU_ENGINE_OVERHEAD = 2 << 30  # a GPU engine's activations and CUDA graphs beside weights and KV cache (assumed)
 
@@ -39,6 +39,16 @@ def engine_tensors(model) -> dict[str, Any]:  # noqa: ANN001
     if "lm_head.weight" not in tensors and (out := model.get_output_embeddings()) is not None:
         tensors["lm_head.weight"] = out.weight.detach()
     return tensors
+
+
+def engine_numel(model) -> int:  # noqa: ANN001
+    """Elements of `engine_tensors(model)`, from shapes alone: a LoRA model's merged weights have its base's
+    shapes, so nothing is merged (or allocated, on the meta device) to count them."""
+    base = hf_model(model)
+    numel = {n.replace(".base_layer.", "."): t.numel() for n, t in base.state_dict().items() if ".lora_" not in n}
+    if "lm_head.weight" not in numel and (out := model.get_output_embeddings()) is not None:
+        numel["lm_head.weight"] = out.weight.numel()
+    return sum(numel.values())
 
 
 def engine_weights(model, dtype: torch.dtype) -> Iterator[tuple[str, torch.Tensor]]:  # noqa: ANN001

@@ -10,6 +10,7 @@ from coevo.core.config import EvalRootConfig, LoraConfig, PolicyConfig, compose,
 from coevo.core.grpo import sequence_token_logprobs
 from coevo.core.types import SamplingParams, TrainSequence
 from coevo.train.checkpoint import resumable_checkpoint, save_checkpoint, verify_checkpoint
+from coevo.train.engines.vllm_weights import engine_numel
 from coevo.train.engines.vllm_weights import engine_tensors as _engine_tensors
 from coevo.train.lora import BASE_FP32, hf_model, is_adapter_dir, merged_state_dict
 from coevo.train.models import load_model_and_tokenizer
@@ -236,6 +237,9 @@ def test_vllm_receives_merged_base_plus_delta_weights(tiny) -> None:
     tensors = _engine_tensors(policy.model)  # what VLLMEngine stages or sends
     assert set(tensors) == plain_names and torch.equal(tensors["model.layers.1.mlp.down_proj.weight"],
                                                        merged["model.layers.1.mlp.down_proj.weight"])
+    # An in-process engine's planned weight bytes come from shapes alone, without this merge: the same count.
+    counted = sum(t.numel() for t in tensors.values())
+    assert engine_numel(policy.model) == counted and engine_numel(hf_model(policy.model)) == counted
     after = policy.model.state_dict()
     assert all(torch.equal(before[k], after[k]) for k in before)  # the training model is untouched
 

@@ -7,6 +7,8 @@ benchmark, a cluster's health check) reads this file instead. Every line is
     {"event": <name>, "pid": <the driver's pid>, "time": <unix seconds>, ...fields}
 
 - `ready`   the actors are up; `start` is the first step this attempt runs, `last` the last one.
+- `begin`   step `step` starts (before anything of it runs).
+- `save`    step `step`'s checkpoint starts being written (its outputs follow, then its `step` event).
 - `step`    step `step`'s outputs are written whole (task dump, metrics line, checkpoint when due).
 
 Each attempt of a run (a fresh start, then each resume) appends to the same file; `pid` tells
@@ -22,7 +24,7 @@ from pathlib import Path
 from typing import Any, Optional
 
 EVENTS_NAME = "events.jsonl"
-READY, STEP = "ready", "step"
+READY, BEGIN, SAVE, STEP = "ready", "begin", "save", "step"
 
 
 def emit(run_dir: str | os.PathLike, event: str, **fields: Any) -> None:

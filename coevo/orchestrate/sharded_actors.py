@@ -15,12 +15,15 @@ from datetime import timedelta
 from typing import Any, Optional
 
 import ray
+from ray.exceptions import RayActorError
 
 from coevo.core.config import ClusterConfig, PolicyConfig
 from coevo.core.types import Completion, SamplingParams
+from coevo.orchestrate.cluster import ActorFailure
 from coevo.orchestrate.hostpaths import Need, check_host_paths
 from coevo.orchestrate.policy_actors import RemotePolicy
 from coevo.orchestrate.remote import call, limit_threads, where
+from coevo.train.rank_failure import named_rank
 from coevo.train.sharded import ShardedPolicy, block_sampling, prompt_blocks
 
 
@@ -33,6 +36,7 @@ class ShardedWorker:
         import torch
 
         check_host_paths(role, list(wanted))
+        self.timeout_s: Optional[float] = None
         limit_threads(max(1.0, cfg.num_cpus / world))
         torch.manual_seed(seed)  # the same on every rank: the ranks must start from the same weights
         self.cfg, self.role, self.rank, self.world = cfg, role, rank, world
@@ -51,9 +55,15 @@ class ShardedWorker:
     def setup(self, address: str, port: int, backend: str, timeout_s: float) -> dict:
         """Join the process group (every rank at once; collectives time out after `timeout_s`), then load
         and shard the policy."""
-        join_process_group(backend, address, port, self.rank, self.world, timeout_s)
-        self.policy = ShardedPolicy.from_config(self.cfg, self.role)
+        self.timeout_s = timeout_s
+        with self._named("start-up"):
+            join_process_group(backend, address, port, self.rank, self.world, timeout_s)
+            self.policy = ShardedPolicy.from_config(self.cfg, self.role)
         return self.info()
+
+    def _named(self, what: str):  # noqa: ANN202  a context manager
+        """An error raised inside names this role and rank (`named_rank`): the driver reports it as it is."""
+        return named_rank(self.role, self.rank, self.world, what, self.timeout_s)
 
     def _policy(self) -> ShardedPolicy:
         if self.policy is None:
@@ -71,18 +81,22 @@ class ShardedWorker:
 
     def generate(self, prompts: list[list[int]], sampling: SamplingParams) -> list[list[Completion]]:
         """This rank's block (`RemoteShardedPolicy.generate` splits the call and seeds the block)."""
-        out = self._policy().generate(prompts, sampling)
+        with self._named("generate"):
+            out = self._policy().generate(prompts, sampling)
         self.generated += len(prompts)
         return out
 
     def update(self, batch: list) -> dict:
-        return self._policy().update(batch)
+        with self._named("update"):
+            return self._policy().update(batch)
 
     def save(self, directory: str) -> str:
-        return str(self._policy().save(directory))
+        with self._named("save"):
+            return str(self._policy().save(directory))
 
     def load(self, directory: str) -> None:
-        self._policy().load(directory)
+        with self._named("load"):
+            self._policy().load(directory)
 
 
 def join_process_group(backend: str, address: str, port: int, rank: int, world: int, timeout_s: float) -> None:
@@ -99,15 +113,28 @@ def join_process_group(backend: str, address: str, port: int, rank: int, world: 
                             timeout=timedelta(seconds=timeout_s))
 
 
-def gather(refs: list[Any], what: str) -> list[Any]:
-    """Every result of `refs`, failing at the first that fails: the other ranks of a sharded
-    policy may then wait forever in a collective, so waiting for all of them in order would hang."""
-    pending = list(refs)
+def gather(refs: list[Any], whats: list[str]) -> list[Any]:
+    """Every result of `refs`, failing at the first that fails, named by its own entry of `whats`
+    ("solver rank 1 update"): the other ranks of a sharded policy then wait in a collective until
+    it times out, so waiting for all of them in order would hang that long."""
+    pending, names = list(refs), dict(zip(refs, whats))
     while pending:
         done, pending = ray.wait(pending, num_returns=1)
         for ref in done:
-            call(ref, what)
-    return [call(ref, what) for ref in refs]
+            call(ref, names[ref])
+    return [call(ref, names[ref]) for ref in refs]
+
+
+def _collect(refs: list[Any], wait_s: float = 2.0) -> None:
+    """Fetch and drop the failures of `refs` that have arrived (within `wait_s`): one failure is reported; the
+    others (survivors' collective errors, echoes of it) would else print as Ray's "Unhandled error" tracebacks
+    after the run's stop message. Those still pending die with the run."""
+    done, _ = ray.wait(refs, num_returns=len(refs), timeout=wait_s)
+    for ref in done:
+        try:
+            ray.get(ref)
+        except Exception:  # noqa: BLE001, S110  the failure already reported is the one that counts
+            pass
 
 
 class RemoteShardedPolicy(RemotePolicy):
@@ -134,8 +161,8 @@ class RemoteShardedPolicy(RemotePolicy):
     def start(self) -> list[dict]:
         """Every rank's `info()` once the process group is up and the sharded model loaded."""
         address, port = call(self.workers[0].endpoint.remote(), f"{self.role} rank 0 endpoint")
-        infos = gather([w.setup.remote(address, port, self.backend, self.collective_timeout_s) for w in self.workers],
-                       f"{self.role} start-up")
+        infos = self._gather("start-up", [w.setup.remote(address, port, self.backend, self.collective_timeout_s)
+                                          for w in self.workers])
         self.generating_ranks = int(infos[0]["generating_ranks"])
         return infos
 
@@ -148,18 +175,51 @@ class RemoteShardedPolicy(RemotePolicy):
         if self.generating_ranks > 1 and sampling.seed is None:
             sampling = replace(sampling, seed=self._seeds.randrange(2**31))
         blocks = prompt_blocks(len(prompts), self.generating_ranks, sampling.groups)
-        refs = [w.generate.remote(prompts[a:b], block_sampling(sampling, a))
-                for w, (a, b) in zip(self.workers, blocks) if b > a]
-        return [c for part in gather(refs, f"{self.role} generate") for c in part]
+        ranks = [r for r, (a, b) in enumerate(blocks) if b > a]
+        refs = [self.workers[r].generate.remote(prompts[slice(*blocks[r])], block_sampling(sampling, blocks[r][0]))
+                for r in ranks]
+        return [c for part in self._gather("generate", refs, ranks) for c in part]
 
     def update(self, batch: list) -> dict:
         ref = ray.put(batch)
-        return gather([w.update.remote(ref) for w in self.workers], f"{self.role} update")[0]
+        return self._gather("update", [w.update.remote(ref) for w in self.workers])[0]
 
     def save(self, directory: str) -> str:
         path = os.path.abspath(directory)
-        return gather([w.save.remote(path) for w in self.workers], f"{self.role} save")[0]
+        return self._gather("save", [w.save.remote(path) for w in self.workers])[0]
 
     def load(self, directory: str) -> None:
         path = os.path.abspath(directory)
-        gather([w.load.remote(path) for w in self.workers], f"{self.role} load")
+        self._gather("load", [w.load.remote(path) for w in self.workers])
+
+    def _gather(self, what: str, refs: list[Any], ranks: Optional[list[int]] = None) -> list[Any]:
+        """`gather` of one call per rank (`ranks`: which, default all); a failure names the dead ranks.
+
+        The first failure to arrive is usually the dead rank's own ("The actor died"); a survivor's
+        collective error (`RankFailure`) only echoes it, so the dead ranks are looked up and named first.
+        """
+        ranks = list(range(len(self.workers))) if ranks is None else ranks
+        try:
+            return gather(refs, [f"{self.role} rank {r} {what}" for r in ranks])
+        except ActorFailure as e:
+            dead = self.dead_ranks()
+            _collect(refs)
+            if not dead:
+                raise
+            raise ActorFailure(f"{self.role} rank {', '.join(map(str, dead))} of {len(self.workers)} died during "
+                               f"{what}: its process is gone (killed, out of memory, or lost with its node). First "
+                               f"error: {e}") from e
+
+    def dead_ranks(self, wait_s: float = 5.0) -> list[int]:
+        """The ranks whose actor is dead, asked for `ready()` (a live rank busy in a collective answers late:
+        not dead)."""
+        refs = [w.ready.remote() for w in self.workers]
+        answered, _ = ray.wait(refs, num_returns=len(refs), timeout=wait_s)
+        dead = []
+        for rank, ref in enumerate(refs):
+            try:
+                if ref in answered:
+                    ray.get(ref)
+            except RayActorError:
+                dead.append(rank)
+        return dead

@@ -7,6 +7,7 @@ import struct
 import sys
 import time
 from pathlib import Path
+from typing import Optional
 
 import pytest
 from hypothesis import given, settings
@@ -14,6 +15,7 @@ from hypothesis import strategies as st
 
 from bench import faults
 from bench import faults_check as check
+from bench import faults_plan as plans
 from bench import faults_procs as procs
 from coevo.train.checkpoint import save_checkpoint
 
@@ -134,25 +136,46 @@ def test_kill_plans_follow_the_seed_and_the_save_share() -> None:
     assert {k.kind for p in faults.draw_plans(1, 10, 1, 1.0) for k in p} == {"save"}
 
 
-def _attempt_at(tmp_path: Path, ready: float, step_ends: list[float]) -> faults.Attempt:
-    a = faults.Attempt(proc=None, run_dir=tmp_path, log=tmp_path / "log", started=ready)  # type: ignore[arg-type]
-    a.ready, a.step_ends = ready, step_ends
+def _attempt_at(tmp_path: Path, ready: float, begins: dict[int, float],
+                saves: Optional[dict[int, float]] = None) -> plans.Attempt:
+    a = plans.Attempt(proc=None, run_dir=tmp_path, log=tmp_path / "log", started=ready)  # type: ignore[arg-type]
+    a.ready, a.begins, a.saves = ready, begins, saves or {}
     return a
 
 
-def test_actor_kills_land_before_the_last_step_or_are_missed(tmp_path) -> None:
+def test_kills_strike_inside_the_planned_step_on_its_events_whatever_the_pace(tmp_path) -> None:
     now = time.monotonic()
-    # 4 steps: u = 0.5 -> step k = int(1.5) = 1, half the latest step's length after step 0's end
-    plan = faults.KillPlan("time", 0.5, 0.0)
-    assert not faults._due(_attempt_at(tmp_path, now - 3.0, []), plan, 4, 2.0, "actor")  # step 0 still running
-    assert not faults._due(_attempt_at(tmp_path, now - 3.0, [now - 0.1]), plan, 4, 2.0, "actor")
-    assert faults._due(_attempt_at(tmp_path, now - 3.0, [now - 2.0]), plan, 4, 2.0, "actor")
-    # once the next-to-last step's outputs are written (3 of 4), an actor kill is too late: missed
-    late = faults.KillPlan("time", 0.99, 0.0)
-    assert not faults._due(_attempt_at(tmp_path, now - 9.0, [now - 8, now - 7, now - 6]), late, 4, 2.0, "actor")
-    assert faults._due(_attempt_at(tmp_path, now - 9.0, [now - 8, now - 7]), late, 4, 2.0, "actor")
-    # one step left: the kill lands at ready, before that step calls its actors
-    assert faults._due(_attempt_at(tmp_path, now, []), late, 1, 2.0, "actor")
+    # An actor kill, 4 steps: span 2 (two steps follow it), u = 0.75 -> step k = int(1.5) = 1, half a step in.
+    plan = plans.KillPlan("time", 0.75, 0.0)
+    assert plans.planned_step(_attempt_at(tmp_path, now, {}), plan, 4, "actor") == (1, 0.5)
+    assert plans.planned_step(_attempt_at(tmp_path, now, {}), plan, 4, "driver") == (3, 0.0)  # span 4
+    assert not plans.due(_attempt_at(tmp_path, now - 9, {0: now - 9}), plan, 4, 2.0, "actor")  # step 1 not begun
+    assert not plans.due(_attempt_at(tmp_path, now - 9, {0: now - 9, 1: now - 0.5}), plan, 4, 2.0, "actor")
+    assert plans.due(_attempt_at(tmp_path, now - 9, {0: now - 9, 1: now - 1.1}), plan, 4, 2.0, "actor")
+    # A step faster than the shortest seen: its save event strikes the kill before the step's outputs exist.
+    assert plans.due(_attempt_at(tmp_path, now - 9, {1: now - 0.1}, {1: now}), plan, 4, 2.0, "actor")
+    # A save kill strikes at step k's save event only (an earlier step's save is not k's).
+    save = plans.KillPlan("save", 0.75, 0.0)
+    assert not plans.due(_attempt_at(tmp_path, now - 9, {0: now - 9, 1: now - 5}, {0: now - 8}), save, 4, 2.0,
+                         "rank")
+    assert plans.due(_attempt_at(tmp_path, now - 9, {1: now - 5}, {0: now - 8, 1: now}), save, 4, 2.0, "rank")
+    # A resumed attempt from step 3 of 4: one step left, the kill lands in it (at its start).
+    resumed = _attempt_at(tmp_path, now, {3: now})
+    resumed.start_step = 3
+    assert plans.planned_step(resumed, plans.KillPlan("time", 0.99, 0.0), 4, "actor") == (3, 0.99)
+    assert not plans.due(_attempt_at(tmp_path, now, {}), plan, 4, 2.0, "actor")  # nothing begun: never due
+
+
+def test_a_rank_kill_draws_a_rank_of_the_sharded_role_and_names_it(tmp_path) -> None:
+    a = _attempt_at(tmp_path, 0.0, {})
+    a.actors = {"proposer": 11, "proposer.1": 12, "solver": 13, "retrieval.1": 14, "evidence": 15}
+    assert plans.victim(a, plans.KillPlan("time", 0.0, 0.0, pick=0.2), "rank", "proposer") == ("proposer rank 0",
+                                                                                                 11, None)
+    assert plans.victim(a, plans.KillPlan("time", 0.0, 0.0, pick=0.7), "rank", "proposer") == ("proposer rank 1",
+                                                                                                 12, None)
+    assert plans.victim(a, plans.KillPlan("time", 0.0, 0.0, pick=0.7), "rank", "solver")[2] == (
+        "the run's ready event names no ranks of a sharded solver (--target rank)")
+    assert plans.victim(a, plans.KillPlan("time", 0.0, 0.0, pick=0.99), "actor", "proposer") == ("solver", 13, None)
 
 
 def test_names_run_dir_matches_the_dir_and_paths_under_it_only() -> None:
@@ -174,6 +197,13 @@ def test_each_mode_runs_its_entry_point_and_only_ray_mode_may_kill_an_actor() ->
     with pytest.raises(SystemExit):
         faults.parse_args(["--mode", "local", "--target", "actor"])
     assert faults.parse_args(["--mode", "ray", "--target", "actor", "--", "a=b"]).overrides == ["a=b"]
+    # --target rank: Ray by default, the rank role sharded over 2 CPU ranks with the bench's collective timeout
+    args = faults.parse_args(["--target", "rank", "--rank-role", "solver"])
+    assert (args.mode, faults.parse_args([]).mode) == ("ray", "local")
+    rank = faults.run_command(args.mode, run, 4, 3, [], False, "rank", args.rank_role)
+    assert {"solver.cpu_ranks=2", "cluster.collective_timeout_s=60"} <= set(rank) and "ray.local=true" not in rank
+    with pytest.raises(SystemExit):
+        faults.parse_args(["--mode", "local", "--target", "rank"])
 
 
 def _report(kills, per_run, **counts):
@@ -187,9 +217,8 @@ def _report(kills, per_run, **counts):
 def test_failures_name_counts_incomplete_runs_missed_kills_and_slow_actor_stops() -> None:
     hit = {"run": 0, "attempt": 0, "target": "driver", "killed": True}
     assert _report([hit] * 10, [True] * 10)["failures"] == []
-    assert _report([hit] * 9 + [{**hit, "killed": False}], [True] * 10)["failures"] == []  # 1 of 10: allowed
-    two_missed = _report([hit] * 8 + [{**hit, "killed": False}] * 2, [True] * 10)
-    assert two_missed["failures"] == ["missed kills: 2 of 10 planned (more than 10%)"]
+    one_missed = _report([hit] * 9 + [{**hit, "killed": False}], [True] * 10)  # kills strike on events: none misses
+    assert one_missed["failures"] == ["missed kills: 1 of 10 planned"]
     bad = _report([hit], [True, False], lost=2, orphans=1)
     assert bad["failures"] == ["lost_steps = 2", "orphan_processes = 1", "runs that did not complete: [1]"]
     actor = {**hit, "target": "actor", "actor": "solver", "stop_s": 3.0, "named": True}
@@ -197,6 +226,11 @@ def test_failures_name_counts_incomplete_runs_missed_kills_and_slow_actor_stops(
     for slow in ({**actor, "stop_s": 61.0}, {**actor, "named": False}):
         assert _report([slow], [True])["failures"] == [
             "actor kills that did not stop the driver within 60s with an error naming the role: ['run 0 attempt 0']"]
+    rank = {**hit, "target": "rank", "actor": "proposer rank 1", "stop_s": 119.0, "named": True}
+    assert _report([rank], [True])["failures"] == []  # the collective timeout (60 s) + 60 s
+    assert _report([{**rank, "stop_s": 121.0}], [True])["failures"] == [
+        "rank kills that did not stop the driver within 120s with an error naming the role and the rank: "
+        "['run 0 attempt 0']"]
 
 
 FAKE_DRIVER = """
@@ -207,6 +241,7 @@ subprocess.Popen(["sleep", "0.2"], start_new_session=True)  # ends by itself: no
 os.makedirs(sys.argv[1], exist_ok=True)
 with open(os.path.join(sys.argv[1], "events.jsonl"), "a") as f:
     f.write(json.dumps({"event": "ready", "pid": os.getpid(), "start": 0, "last": 1}) + "\\n")
+    f.write(json.dumps({"event": "begin", "pid": os.getpid(), "step": 0}) + "\\n")
 time.sleep(60)
 """
 
@@ -236,6 +271,7 @@ actor = subprocess.Popen([sys.executable, "-c", "import time; time.sleep(60)"])
 with open(os.path.join(sys.argv[1], "events.jsonl"), "a") as f:
     f.write(json.dumps({"event": "ready", "pid": os.getpid(), "start": 0, "last": 1,
                         "actors": {"solver": actor.pid}}) + "\\n")
+    f.write(json.dumps({"event": "begin", "pid": os.getpid(), "step": 0}) + "\\n")
 code = actor.wait()  # as Ray reports a dead actor to the driver's call
 print(f"coevo: run stopped: solver generate failed in its Ray actor (exit {code})", file=sys.stderr, flush=True)
 sys.exit(1)
@@ -266,20 +302,24 @@ def test_an_attempt_without_a_ready_event_is_an_error(tmp_path) -> None:
     assert not rec["killed"] and a.ready is None
 
 
-def test_the_event_reader_times_this_drivers_ready_and_step_events_once_each_line_is_whole(tmp_path):
+def test_the_event_reader_times_this_drivers_events_once_each_line_is_whole(tmp_path):
     events = tmp_path / "events.jsonl"
     me = os.getpid()
     events.write_text(json.dumps({"event": "step", "pid": me, "step": 1}) + "\n"  # before ready: not timed
                       + json.dumps({"event": "ready", "pid": 1, "start": 0}) + "\n"  # another attempt's
                       + json.dumps({"event": "ready", "pid": me, "start": 2, "actors": {"solver": 9}}) + "\n"
-                      + '{"event": "step", "pid": ' + str(me))
-    a = faults.Attempt(type("P", (), {"pid": me})(), tmp_path, tmp_path / "log", started=0.0)
+                      + json.dumps({"event": "begin", "pid": me, "step": 2}) + "\n"
+                      + json.dumps({"event": "save", "pid": 1, "step": 2}) + "\n"  # another attempt's
+                      + '{"event": "save", "pid": ' + str(me))
+    a = plans.Attempt(type("P", (), {"pid": me})(), tmp_path, tmp_path / "log", started=0.0)
     a.read_events()
     assert a.ready is not None and a.start_step == 2 and a.actors == {"solver": 9} and a.step_ends == []
+    assert list(a.begins) == [2] and a.saves == {}  # the torn line waits for its end
     with open(events, "a") as f:
-        f.write(', "step": 2}\n' + json.dumps({"event": "step", "pid": me, "step": 3}) + "\n")
+        f.write(', "step": 2}\n' + json.dumps({"event": "step", "pid": me, "step": 2}) + "\n"
+                + json.dumps({"event": "begin", "pid": me, "step": 3}) + "\n")
     a.read_events()
     a.read_events()  # nothing new: nothing counted twice
-    assert len(a.step_ends) == 2 and a.seconds_per_step() is not None
-    a.ready, a.step_ends = 10.0, [13.0, 16.5]
-    assert a.seconds_per_step() == 3.25
+    assert len(a.step_ends) == 1 and list(a.saves) == [2] and list(a.begins) == [2, 3] and list(a.ends) == [2]
+    a.begins, a.ends = {2: 10.0, 3: 13.0}, {2: 13.0, 3: 16.5}
+    assert a.step_lengths() == [3.0, 3.5]

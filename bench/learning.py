@@ -12,12 +12,16 @@ policy frozen (`proposer.frozen=true solver.frozen=true ranker.frozen=true`). Ea
 subprocess (`ray.local=true` unless `--ray`), so its processes are gone when it ends; its run
 dir is `<out>/<arm>` (default out: runs/learning-<stamp>), its output goes to
 `<out>/<arm>-run.log` and, prefixed, to stderr. Then `python -m coevo.eval mode=agent` evaluates
-each arm's final solver with its ranker on the first `--eval-limit` questions of each dataset
+each arm's final solver twice, with its own ranker (the run's `ranker.mode`, `<out>/<arm>-eval.json`)
+and with none (`ranker.mode=none`, `<out>/<arm>-eval-none.json`; one eval when the run's mode is
+`none`), on the first `--eval-limit` questions of each dataset
 of `--eval-data` (default `$COEVO_SHARED_DATA/wiki_mini/questions_dev.jsonl`, whose answer
 passages are all in the eval's default corpus wiki_mini: 70 per dataset = 212 questions), with
 `rollout=<--eval-rollout>` (default vllm) and the overrides after `--`, then `--eval-arg`.
 Trained: the latest checkpoint's solver (and ranker, `ranker.mode=trainable`, when one was
-trained); control: the initial weights. Both use the run's `ranker.mode`. `--eval-limit 0` skips evaluation.
+trained); control: the initial weights. `--eval-limit 0` skips evaluation. The two arms' evals are
+then paired question by question, and the sampled rollouts of both runs pooled (`paired`, `in_run`:
+bench/learning_stats.py's docstring defines both blocks and the POOLED counts).
 
 Stdout is ONE JSON line, also written atomically to `<out>/learning.json` (rewritten after each
 phase, so a killed benchmark leaves what it had); a PNG of the main curves goes to `--png`
@@ -27,9 +31,12 @@ and eval succeeded). Overrides that do not compose stop before any run: `arms` i
 top-level `error` says why. `png_error` appears only when the plot failed.
 
     {"steps": N, "wall_s": seconds, "command": "python -m bench.learning ...", "overrides": [...],
-     "out": dir, "png": file, "arms": {"trained": ARM, "control": ARM}}
+     "out": dir, "png": file, "arms": {"trained": ARM, "control": ARM},
+     "paired": {"no_ranker": PAIRED, "own_ranker": PAIRED} | null, "in_run": {...} | null}
     ARM = {"run_dir", "run_command", "run_s", "returncode", "error" (null when fine),
-           "series": {...}, "eval": {...} | null}
+           "series": {...}, "eval": {...} | null, "eval_no_ranker": {...} | null}
+
+`paired` (null with `--eval-limit 0`) and `in_run` are written once both arms are done.
 
 `series`: one entry per finished step (metrics.jsonl line / tasks/step_<n>.jsonl dump); a rate
 with nothing to count is null.
@@ -49,10 +56,12 @@ with nothing to count is null.
 - accepted_hops: evidence-path hop count of each accepted task (from the dumps);
 - updates: {role: sequences in that role's GRPO update (0 when skipped)}; zero_var_groups: {role:
   its groups without reward variance (null when not reported)}; step_s: seconds of the step.
-`eval` (macro average over datasets, from the coevo.eval result file): em, f1, cover_em,
-format_failure (share of episodes without a well-formed answer), searches (mean per question),
-n (questions), per_dataset ({dataset: {em, f1, n}}), file, checkpoint (null: initial weights),
-command, eval_s, error (null when fine).
+`eval` (own ranker) and `eval_no_ranker` (`ranker.mode=none`; the same eval under both keys when
+the run's mode is `none`), each the macro average over datasets from its coevo.eval result file: em,
+f1, cover_em, format_failure (share of episodes without a well-formed answer), searches (mean per
+question), n (questions), per_dataset ({dataset: {em, f1, n}}), pooled (POOLED: questions with EM 1
+/ questions, Wilson interval), ranker_mode, file, checkpoint (null: initial weights), command,
+eval_s, error (null when fine).
 """
 from __future__ import annotations
 
@@ -71,6 +80,7 @@ from pathlib import Path
 from typing import Any, Optional, Sequence
 
 from bench import split_overrides
+from bench.learning_stats import eval_pooled, in_run_block, paired_blocks
 from coevo.core.io import atomic_write_text
 from coevo.evaluate.report import load_run
 from coevo.evaluate.series import extract_series  # the per-step series, shared with coevo.inspect
@@ -88,14 +98,15 @@ PANELS = [("task_acceptance", "task acceptance"), ("solver_format_valid", "solve
 # ---- eval summary (pure) -------------------------------------------------------------------
 
 def eval_summary(result: dict) -> dict[str, Any]:
-    """The macro-averaged numbers of a coevo.eval result, and EM/F1/n of each dataset (`per_dataset`)."""
+    """The macro-averaged numbers of a coevo.eval result, EM/F1/n of each dataset (`per_dataset`) and the
+    pooled right answers (`pooled`, null when the result holds no predictions)."""
     metrics = result.get("metrics") or {}
     avg = metrics.get("average") or {}
     per_dataset = {name: {"em": m.get("em"), "f1": m.get("f1"), "n": m.get("n")}
                    for name, m in metrics.items() if name != "average" and isinstance(m, dict)}
     return {"em": avg.get("em"), "f1": avg.get("f1"), "cover_em": avg.get("cover_em"),
             "format_failure": avg.get("format_failure"), "searches": avg.get("mean_searches"), "n": avg.get("n"),
-            "per_dataset": per_dataset}
+            "per_dataset": per_dataset, "pooled": eval_pooled(result)}
 
 
 # ---- subprocesses ---------------------------------------------------------------------------
@@ -203,18 +214,19 @@ def eval_overrides(arm: str, run_dir: Path, mode: str) -> tuple[list[str], Optio
     return overrides, str(ckpt), None
 
 
-def evaluate_arm(arm: str, args: argparse.Namespace, out: Path, mode: str) -> dict[str, Any]:
-    """Agent-mode eval of one arm's final solver and ranker; the eval summary (or its error)."""
+def evaluate_arm(arm: str, args: argparse.Namespace, out: Path, mode: str, name: str = "eval") -> dict[str, Any]:
+    """Agent-mode eval of one arm's final solver with `ranker.mode=<mode>` into `<out>/<arm>-<name>.json`;
+    the eval summary (or its error)."""
     own, ckpt, error = eval_overrides(arm, out / arm, mode)
-    result: dict[str, Any] = {"checkpoint": ckpt, "error": error}
+    result: dict[str, Any] = {"ranker_mode": mode, "checkpoint": ckpt, "error": error}
     if error:
         return result
-    path = out / f"{arm}-eval.json"
+    path = out / f"{arm}-{name}.json"
     cmd = [sys.executable, "-m", "coevo.eval", *args.overrides, f"rollout={args.eval_rollout}", *args.eval_arg,
            "mode=agent",
            f"data={args.eval_data}", f"limit={args.eval_limit}", f"seed={args.seed}", f"out={path}", *own]
-    print(f"== eval {arm}: {_shown(cmd)}", file=sys.stderr, flush=True)
-    rc, tail, seconds = run_logged(cmd, out / f"{arm}-eval.log", f"eval {arm}", args.arm_timeout,
+    print(f"== {name} {arm}: {_shown(cmd)}", file=sys.stderr, flush=True)
+    rc, tail, seconds = run_logged(cmd, out / f"{arm}-{name}.log", f"{name} {arm}", args.arm_timeout,
                                    arm_env(args.parallel))
     result.update(file=str(path), command=_shown(cmd), eval_s=round(seconds, 1))
     if rc != 0:
@@ -317,7 +329,8 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
     t0 = time.perf_counter()
     command = shlex.join(["python", "-m", "bench.learning", *argv])
     result: dict[str, Any] = {"steps": args.steps, "wall_s": None, "command": command, "overrides": args.overrides,
-                              "out": str(args.out), "png": str(args.png), "arms": {}}
+                              "out": str(args.out), "png": str(args.png), "arms": {}, "paired": None,
+                              "in_run": None}
     try:
         mode = ranker_mode(args.overrides)
     except Exception as e:  # a bad override: both arms would fail the same way
@@ -332,6 +345,10 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
         arm_result["eval"] = evaluate_arm(arm, args, args.out, mode) if args.eval_limit else None
         with lock:
             _write({**result, "wall_s": round(time.perf_counter() - t0, 1)}, args.out)
+        arm_result["eval_no_ranker"] = evaluate_arm(arm, args, args.out, "none", "eval-none") \
+            if args.eval_limit and mode != "none" else arm_result["eval"]
+        with lock:
+            _write({**result, "wall_s": round(time.perf_counter() - t0, 1)}, args.out)
 
     if "error" not in result:
         if args.parallel:  # both arms at once: each is one process, so two cores serve one arm each
@@ -344,6 +361,8 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
         else:
             for arm in ARMS:
                 arm_job(arm)
+        result["paired"] = paired_blocks(result["arms"], mode) if args.eval_limit else None
+        result["in_run"] = in_run_block(result["arms"], args.steps, args.seed)
     try:
         plot(result["arms"], args.png, result["command"])
     except Exception as e:  # the numbers matter more than the picture
@@ -351,6 +370,7 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
     result["wall_s"] = round(time.perf_counter() - t0, 1)
     print(_write(result, args.out), flush=True)
     failed = "error" in result or any(a.get("error") or (a.get("eval") or {}).get("error")
+                                      or (a.get("eval_no_ranker") or {}).get("error")
                                       for a in result["arms"].values())
     return 1 if failed else 0
 

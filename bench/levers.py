@@ -1,4 +1,4 @@
-"""Benchmark (not a test): what each issue-11 lever does to the untrained policies' first step.
+"""Benchmark (not a test): what each small-model learning lever does to the untrained policies' first step.
 
     .venv/bin/python -m bench.levers [--questions 12] [--ranker-questions 16] [--seed 0] [--out FILE]
         [--proposer-arms NAME...] [--ranker-arms NAME...] [--solver-questions 16] [--solver-arms NAME...]

@@ -1,4 +1,4 @@
-"""Benchmark summary (not a test): the extraction warm-start, trained against a control (issue 29).
+"""Benchmark summary (not a test): the extraction warm-start of the solver, trained against a control.
 
     .venv/bin/python -m bench.warmstart --trained RUN --control RUN [--eval-trained FILE] [--eval-control FILE]
         [--window 10] [--out FILE.json] [--png FILE.png]

@@ -15,12 +15,12 @@ from typing import Any, Optional
 
 from omegaconf import DictConfig
 
-from coevo.core.cli import hydra_entry
+from coevo.core.cli import EXIT_FAILED, EXIT_REFUSED, hydra_entry
 from coevo.core.config import EvalRootConfig, register_schema
 from coevo.evaluate.harness import run_eval, to_eval_object
 from coevo.evaluate.metrics import compare_files, format_table, result_title
-from coevo.orchestrate.persist import error_line
 from coevo.orchestrate.stack import model_roles
+from coevo.orchestrate.startup_checks import error_line
 from coevo.startup import Command, hydra_main
 from coevo.train.preflight import check_devices, check_models
 
@@ -55,7 +55,7 @@ def _real_run(cfg: EvalRootConfig, dcfg: DictConfig) -> None:
     except Exception as e:  # noqa: BLE001  the traceback is logged; the last line still says what happened
         log.exception("coevo.eval stopped on an error")
         print(f"done: {cfg.out} (stopped on an error: {error_line(e)}; nothing written)", file=sys.stderr)
-        sys.exit(1)
+        sys.exit(EXIT_FAILED)
     print(format_table(result["metrics"], result_title(result)))
     print(_done(cfg, result), flush=True)
 
@@ -77,7 +77,7 @@ def main(argv: Optional[list[str]] = None) -> None:
             print(compare_files(args[1], args[2]))
         except (OSError, ValueError) as e:  # a missing or foreign file: say which, no traceback
             print(f"coevo.eval: error: --compare: {e}", file=sys.stderr)
-            sys.exit(2)
+            sys.exit(EXIT_REFUSED)
         return
     hydra_entry(_hydra_main, "eval", to_eval_object, args)
 

@@ -1,4 +1,4 @@
-"""`python -m coevo.inspect <run_dir>`: audit a run's curriculum from its dumps (SPEC §6).
+"""`python -m coevo.inspect <run_dir>`: audit a run's curriculum from its dumps (docs/method.md §6).
 
 Terminal summary: acceptance per stage with reason-code counts, accuracy (difficulty) and
 hop histograms, searches per solved task, reward trends, example tasks. Filters: --step,

@@ -25,7 +25,7 @@ from omegaconf import DictConfig
 from coevo.core.cli import hydra_entry
 from coevo.core.config import CoevoConfig, register_schema, to_object
 from coevo.core.console import say
-from coevo.core.events import READY, STEP, emit
+from coevo.core.events import BEGIN, READY, STEP, emit
 from coevo.core.inputs import load_reference_questions
 from coevo.core.progress import StepBar
 from coevo.core.stopping import uninterrupted
@@ -34,16 +34,9 @@ from coevo.orchestrate.actors import create_actors, create_local_actors
 from coevo.orchestrate.cluster import record_placement
 from coevo.orchestrate.loop import coevolution_step, step_seed
 from coevo.orchestrate.outputs import MetricsLog, step_headline, write_task_dump
-from coevo.orchestrate.persist import (
-    checkpoint_due,
-    dry_run_checks,
-    open_metrics,
-    open_run,
-    restore,
-    save_period,
-    save_step,
-)
+from coevo.orchestrate.persist import checkpoint_due, open_metrics, restore, save_period, save_step
 from coevo.orchestrate.stack import model_roles
+from coevo.orchestrate.startup_checks import dry_run_checks, open_run
 from coevo.orchestrate.timing import breakdown_line
 from coevo.startup import Command, hydra_main
 from proposer.curriculum import CurriculumState
@@ -92,11 +85,12 @@ def _loop(cfg: CoevoConfig, run_dir: Path, actors, questions: list[str], metrics
     with StepBar("coevo.run", cfg.run.steps, start) as bar:
         for step in range(start, cfg.run.steps):
             t0 = time.perf_counter()
+            emit(run_dir, BEGIN, step=step)
             actors.check_alive()  # an actor lost in the last step stops the run here, named
             refs, cursor = next_references(questions, cursor, cfg.proposer.questions_per_step)
-            records, m = coevolution_step(step, refs, actors, cfg, step_seed(cfg.seed, step), progress=LOG.info,
-                                          hops=hop_curriculum.step_hops(cfg, curriculum))
-            curriculum, m = hop_curriculum.advance(cfg, curriculum, m)
+            records, m, hop_accuracy = coevolution_step(step, refs, actors, cfg, step_seed(cfg.seed, step), LOG.info,
+                                                        hops=hop_curriculum.step_hops(cfg, curriculum))
+            curriculum, m = hop_curriculum.advance(cfg, curriculum, m, hop_accuracy)
             written = time.perf_counter()
             with uninterrupted():  # a stop signal waits for the step's outputs and checkpoint to be whole
                 write_task_dump(run_dir, step, records)

@@ -1,4 +1,4 @@
-"""`python -m coevo.solve`: CoSearch training of solver + ranker on labelled questions (SPEC §4).
+"""`python -m coevo.solve`: CoSearch training of solver + ranker on labelled questions (docs/method.md §4).
 
 The body is `coevo.orchestrate.solve_loop`; config `configs/solve.yaml`. The run directory, its
 checkpoints and `resume=true` follow `coevo.run`'s rules; it ends with `done: <run dir>` and
@@ -14,9 +14,9 @@ from __future__ import annotations
 
 from coevo.core.cli import hydra_entry
 from coevo.core.config import SolveRootConfig, register_schema
-from coevo.orchestrate.persist import dry_run_checks
 from coevo.orchestrate.solve_loop import run_solve, to_solve_object
 from coevo.orchestrate.stack import model_roles
+from coevo.orchestrate.startup_checks import dry_run_checks
 from coevo.startup import Command, hydra_main
 
 register_schema()

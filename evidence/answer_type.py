@@ -1,4 +1,4 @@
-"""`evidence.answer_type`: the question asks for the kind of thing its target is (an addition to SPEC §3.4).
+"""`evidence.answer_type`: the question asks for the kind of thing its target is (beyond ZEST, docs/method.md §3.4).
 
 The static checks certify that the path supports the target and that the question hides it, not that
 the question asks for it. A 12-step co-evolution probe (docs/learning.md) accepted "What is the capital

@@ -35,6 +35,7 @@ from typing import Any, Optional, Sequence
 
 from coevo.core.cache import is_complete
 from coevo.core.choices import Annotation
+from coevo.core.cli import EXIT_REFUSED
 from coevo.core.config import CoevoConfig, compose, to_object
 from coevo.core.console import setup_logging
 from evidence.corpus import PRESETS, Corpus, CorpusDigest, corpus_file, corpus_source, digest_corpus
@@ -227,14 +228,14 @@ def main(argv: Optional[Sequence[str]] = None) -> None:
         cfg = to_object(compose(args))
     except (ValueError, FileNotFoundError) as e:
         print(f"evidence.build_index: error: {e}", file=sys.stderr)
-        sys.exit(2)
+        sys.exit(EXIT_REFUSED)
     setup_logging(cfg.log.level)  # progress lines on the terminal; there is no run.log
     os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")  # shard workers are processes already
     try:
         summary = build_all(cfg)
     except (ValueError, FileNotFoundError) as e:  # a corpus file or config value the build cannot use
         print(f"evidence.build_index: error: {e}", file=sys.stderr)
-        sys.exit(2)
+        sys.exit(EXIT_REFUSED)
     print(json.dumps(summary), flush=True)
 
 

@@ -1,4 +1,4 @@
-"""Passage corpora: JSONL(.gz) files and the embedded vital-articles corpus (SPEC §7).
+"""Passage corpora: JSONL(.gz) files and the embedded vital-articles corpus (docs/method.md §7).
 
 `load_corpus` takes a file path or a preset name and returns a `Corpus`: sized, iterable
 over `Passage`s, indexable by passage id, with a content hash that keys on-disk caches.

@@ -1,6 +1,6 @@
-"""Entity mentions and the cached per-corpus entity index (SPEC §3.3).
+"""Entity mentions and the cached per-corpus entity index (docs/method.md §3.3).
 
-`normalize_entity` is the one entity normalizer (built on the §5.4 answer normalization).
+`normalize_entity` is the one entity normalizer (built on the docs/method.md §5.4 answer normalization).
 `build_entity_index(corpus)` runs spaCy once over a corpus and stores, per passage, the
 sentence spans, the entity mentions of each sentence (label + normalized key) and the
 offsets of the verb/preposition tokens the graph needs for its relation cues. The result

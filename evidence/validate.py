@@ -1,4 +1,4 @@
-"""Deterministic validation of proposed targets (SPEC §3.2) and questions (SPEC §3.4).
+"""Deterministic validation of proposed targets (docs/method.md §3.2) and questions (docs/method.md §3.4).
 
 No LLM is involved. Every function returns a `Verdict` for any input (never raises on
 odd strings): `ok`, a reason code, the evidence behind it and a human-readable detail.
@@ -7,9 +7,11 @@ Target reason codes, checked in this order: `empty`, `too_long`, `copies_referen
 `not_entity`, `no_corpus_support`, `ok`.
 Question reason codes, in order: `empty`, `not_question`, `too_short`, `too_long`,
 `multiple_questions`, `no_evidence`, `leaks_target`, `leaks_target_token`, `ok`; then, with
-`evidence.open_question` (an addition to SPEC §3.4, `open_question_verdict`), `polar_question` and
+`evidence.open_question` (beyond ZEST, docs/method.md §3.4, `open_question_verdict`), `polar_question` and
 `markup`; then, with `evidence.answer_type` (evidence/answer_type.py), `wrong_answer_type`; then, with
-`evidence.retrievable` (likewise, `retrievability_verdict`), `not_retrievable`.
+`evidence.meta_wording`, `head_subject`, `relation_support` (evidence/task_checks.py), `meta_question`,
+`asks_about_head`, `unsupported_relation`; then, with `evidence.retrievable` (likewise,
+`retrievability_verdict`), `not_retrievable`.
 """
 from __future__ import annotations
 
@@ -155,7 +157,7 @@ def _has_evidence(hops: list[Any]) -> bool:
 def spaced_key(text: Any) -> str:
     """Entity key with punctuation as a word break: "Spider-Man" → "spider man".
 
-    The §5.4 key deletes punctuation ("spiderman"), so "Spider Man" in a question would not
+    The docs/method.md §5.4 key deletes punctuation ("spiderman"), so "Spider Man" in a question would not
     match the target "Spider-Man" by that key alone; leakage checks compare both keys.
     """
     return normalize_entity(punctuation_to_spaces(strip_disambiguator(text) if isinstance(text, str) else ""))
@@ -191,7 +193,7 @@ def _leak(question: str, target: str) -> Optional[str]:
 
 
 def validate_question(question: Any, target: Any, path: Any, max_chars: int = 300) -> Verdict:
-    """SPEC §3.4 static checks: form, evidence present, no leakage of the target."""
+    """docs/method.md §3.4 static checks: form, evidence present, no leakage of the target."""
     text = _clean(question)
     if not text:
         return _reject("empty")
@@ -236,7 +238,7 @@ _MARKUP = re.compile(r"</?[A-Za-z][\w-]*>")
 def open_question_verdict(verdict: Verdict, question: Any) -> Verdict:
     """`evidence.open_question`: a question that passed the static checks stays accepted only when it
     asks for something (not an auxiliary verb first with no wh-word anywhere: `polar_question`) and
-    holds no tag (`markup`). Not SPEC §3.4: a yes/no question cannot have an entity as its answer.
+    holds no tag (`markup`). Not in ZEST (docs/method.md §3.4): a yes/no question cannot have an entity as its answer.
     """
     if not verdict.ok:
         return verdict
@@ -254,9 +256,9 @@ def open_question_verdict(verdict: Verdict, question: Any) -> Verdict:
 def retrievability_verdict(verdict: Verdict, target: Any, path: Any, hits: list[Any], index: EntityIndex) -> Verdict:
     """`evidence.retrievable`: a question that passed the static checks stays accepted only when `hits`,
     the passages retrieved for the question itself, hold one that contains the target (or is titled
-    by it: `_supporting`, the §5.4 normalization) or the path's first-hop passage.
+    by it: `_supporting`, the docs/method.md §5.4 normalization) or the path's first-hop passage.
 
-    Not SPEC §3.4: a solver whose first search is the question can otherwise never reach the answer
+    Not in ZEST (docs/method.md §3.4): a solver whose first search is the question can otherwise never reach the answer
     (the last hop's passage was retrieved for the target's own name, which the question hides).
     """
     if not verdict.ok:

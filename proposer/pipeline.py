@@ -1,4 +1,4 @@
-"""Task generation stages (SPEC §3): call 1 → target checks → paths → call 2 → question checks.
+"""Task generation stages (docs/method.md §3): call 1 → target checks → paths → call 2 → question checks.
 
 Each stage takes the step's candidates, fills its part and marks rejections with the stage
 and reason code; a rejected candidate skips later stages but stays in the dump and in the
@@ -17,7 +17,7 @@ import torch
 from coevo.core.budget import over_budget
 from coevo.core.choices import PathLength
 from coevo.core.config import ProposerConfig
-from coevo.core.grpo import group_advantages
+from coevo.core.grpo import GroupStats, group_advantages
 from coevo.core.scoring import answer_aliases, echoes
 from coevo.core.types import HEAD_MARK, Completion, EvidencePath, SamplingParams, TrainSequence, Verdict
 from proposer.hops import NO_PATH_OF_K_HOPS, choose_path
@@ -181,7 +181,7 @@ def propose_targets(proposer: Any, references: list[tuple[int, str]], cfg: Propo
 
 
 def check_targets(evidence: Any, cands: list[Candidate]) -> None:
-    """SPEC §3.2 on every parsed target (one batch call)."""
+    """docs/method.md §3.2 on every parsed target (one batch call)."""
     live = [c for c in cands if c.live]
     if not live:
         return
@@ -194,7 +194,7 @@ def check_targets(evidence: Any, cands: list[Candidate]) -> None:
 
 def attach_paths(evidence: Any, cands: list[Candidate], seed: int, direct: bool = False,
                  hops: PathLength | int = PathLength.longest) -> None:
-    """SPEC §3.3: certified evidence paths per valid target; `hops` (`evidence.hops`, or the curriculum's
+    """docs/method.md §3.3: certified evidence paths per valid target; `hops` (`evidence.hops`, or the curriculum's
     level) picks the one used: the first (longest, best-ranked) by default. A fixed k that no path
     reaches rejects the candidate with `no_path_of_k_hops` (proposer/hops.py says why, not a fallback).
 
@@ -244,7 +244,7 @@ def propose_questions(proposer: Any, cands: list[Candidate], cfg: ProposerConfig
 
 
 def check_questions(evidence: Any, cands: list[Candidate]) -> None:
-    """SPEC §3.4 static checks (form, evidence, leakage) on every parsed question."""
+    """docs/method.md §3.4 static checks (form, evidence, leakage) on every parsed question."""
     live = [c for c in cands if c.live]
     if not live:
         return
@@ -259,7 +259,7 @@ def check_questions(evidence: Any, cands: list[Candidate]) -> None:
 
 
 def assign_proposer_rewards(cands: list[Candidate], cfg: ProposerConfig) -> None:
-    """SPEC §3.5: difficulty reward for accepted tasks, −invalid_penalty for rejected ones
+    """docs/method.md §3.5: difficulty reward for accepted tasks, −invalid_penalty for rejected ones
     (graded by the stages passed with `proposer.invalid_penalty_by_stage`)."""
     for cand in cands:
         accuracy = cand.accuracy if cand.accepted else None
@@ -268,8 +268,8 @@ def assign_proposer_rewards(cands: list[Candidate], cfg: ProposerConfig) -> None
 
 
 def proposer_sequences(cands: list[Candidate], scale_std: bool = True,
-                       keep_zero: bool = False) -> tuple[list[TrainSequence], dict[str, int]]:
-    """GRPO batch of the proposer (SPEC §3.5) and its group statistics.
+                       keep_zero: bool = False) -> tuple[list[TrainSequence], GroupStats]:
+    """GRPO batch of the proposer (docs/method.md §3.5) and its group statistics (members: candidates).
 
     A reference question's `group_size` candidates form one group; call-1 and call-2 tokens
     of a candidate share its advantage. Zero-advantage candidates (zero-variance groups) are
@@ -277,7 +277,7 @@ def proposer_sequences(cands: list[Candidate], scale_std: bool = True,
     token-mean denominator and get the KL term (`proposer.keep_zero_advantage`).
     """
     if not cands:
-        return [], {"zero_var_groups": 0}
+        return [], GroupStats(0, 0, 0)
     rewards = torch.tensor([c.reward for c in cands], dtype=torch.float32)
     advantages, n_zero = group_advantages(rewards, [c.ref_index for c in cands], scale_std=scale_std)
     batch = []
@@ -287,4 +287,4 @@ def proposer_sequences(cands: list[Candidate], scale_std: bool = True,
         for comp in (cand.target_completion, cand.question_completion):
             if comp is not None and comp.token_ids:
                 batch.append(TrainSequence.from_completion(comp, adv))
-    return batch, {"zero_var_groups": int(n_zero)}
+    return batch, GroupStats(len({c.ref_index for c in cands}), int(n_zero), len(cands))

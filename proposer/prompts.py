@@ -1,4 +1,4 @@
-"""Proposer prompts and strict parsers for call 1 (target) and call 2 (question), SPEC §3.1, §3.4.
+"""Proposer prompts and strict parsers for call 1 (target) and call 2 (question), docs/method.md §3.1, §3.4.
 
 Parsers take untrusted model output and return `(value | None, reason_code)`; they never raise.
 """

@@ -1,4 +1,4 @@
-"""Proposer reward: intermediate difficulty with a penalty for invalid tasks (SPEC §3.5)."""
+"""Proposer reward: intermediate difficulty with a penalty for invalid tasks (docs/method.md §3.5)."""
 from __future__ import annotations
 
 from typing import Optional

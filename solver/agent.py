@@ -1,4 +1,4 @@
-"""The solver's multi-turn search episode (SPEC §4.1).
+"""The solver's multi-turn search episode (docs/method.md §4.1).
 
 Per turn the solver writes optional `<think>…</think>` reasoning, then exactly one action:
 `<search>query</search>` or `<answer>text</answer>`. A valid search appends
@@ -27,16 +27,17 @@ from __future__ import annotations
 
 import re
 from dataclasses import dataclass, field, replace
-from typing import Any, Callable, NamedTuple, Optional, Protocol, Sequence
+from typing import Any, Callable, NamedTuple, Optional, Sequence, Union
 
 from coevo.core.config import SolverConfig
-from coevo.core.types import SamplingParams
+from coevo.core.scoring import echo_sources
+from coevo.core.types import Completion, Generator, SamplingParams, Tokenizer
 from solver.ranker import RankerCall, SearchRequest, strip_eos
-from solver.reward import answer_relevant
+from solver.reward import PassageLike, answer_relevant
 from solver.search_tool import SearchTool, format_documents
 
 __all__ = ["Task", "Episode", "Action", "SearchTool", "parse_action", "solver_messages", "run_episodes",
-           "observation_text"]
+           "observation_text", "episode_echo_sources"]
 
 SEARCH_STOP, ANSWER_STOP = "</search>", "</answer>"
 TURN_PRIME = "<"  # what `solver.prime_tag` writes at the start of every turn
@@ -104,6 +105,7 @@ class Episode:
     reward: float = 0.0  # filled by the reward step
     guided: bool = False  # its turns replay the task's path (`solver.guided_rollouts`), not samples
     read_answer: bool = False  # a gold answer stood in a passage one of its searches showed it
+    observations: list[str] = field(default_factory=list)  # what each valid search showed ("" if cut), as sub_queries
 
     @property
     def task_id(self) -> str:
@@ -115,13 +117,13 @@ class Episode:
 
     @property
     def format_ok(self) -> bool:
-        """f of SPEC §4.1: the episode ended with a well-formed answer."""
+        """f of docs/method.md §4.1: the episode ended with a well-formed answer."""
         return self.end_reason == "answer"
 
     def to_record(self, decode: Optional[Callable[[list[int]], str]] = None) -> dict[str, Any]:
         """JSON-ready record for the task dump (README "Outputs"), nested in its task's record.
 
-        Keys are the attribute names; token ids are left out, and `transcript` (everything
+        Keys are the attribute names; token ids and `observations` are left out, and `transcript` (everything
         after the prompt: generated turns and observations) is decoded with `decode` when given.
         """
         transcript = decode(self.token_ids[self.prompt_len:]) if decode is not None else None
@@ -132,12 +134,11 @@ class Episode:
                 "ranker_calls": [c.to_record() for c in self.ranker_calls]}
 
 
-class SolverPolicy(Protocol):
-    tokenizer: Any
-
-    def chat_prompt_ids(self, messages: list[dict]) -> list[int]: ...
-
-    def generate(self, prompts: list[list[int]], sampling: SamplingParams) -> list[list[Any]]: ...
+def episode_echo_sources(ep: Episode) -> list[str]:
+    """What the episode's answer must not repeat (`coevo.core.scoring.echo_sources`, docs/method.md §4.2):
+    its question and the queries it wrote before any observation showed that answer. The reward's echo
+    guard and the `echo_rate` metric both read this, so an echo means one thing."""
+    return echo_sources(ep.answer or "", ep.task.question, ep.sub_queries, ep.observations)
 
 
 class _DemoPassage(NamedTuple):
@@ -195,13 +196,24 @@ def parse_action(text: str) -> Action:
     return Action(kind, content, "ok")
 
 
-def observation_text(passages: Sequence[Any]) -> str:
+def observation_text(passages: Sequence[PassageLike]) -> str:
     """The text appended after a valid search (tokenized on its own, loss mask 0)."""
     return f"\n<information>{format_documents(passages)}</information>\n"
 
 
-def _encode(tokenizer: Any, text: str) -> list[int]:
+def _encode(tokenizer: Tokenizer, text: str) -> list[int]:
     return list(tokenizer.encode(text, add_special_tokens=False))
+
+
+class _GuideTurn(NamedTuple):
+    """A turn the guide writes instead of the policy: no sampling log-probs, so the policy recomputes them."""
+
+    token_ids: list[int]
+    text: str
+    logprobs: None = None
+
+
+Turn = Union[Completion, _GuideTurn]  # one turn of an episode: sampled by the policy, or written by the guide
 
 
 def _turn_sampling(cfg: SolverConfig, sampling: Optional[SamplingParams]) -> SamplingParams:
@@ -236,7 +248,8 @@ def _new_episode(task: Task, rollout_idx: int, prompt_ids: list[int], cfg: Solve
     return ep
 
 
-def _apply_turn(ep: Episode, completion: Any, tokenizer: Any, cfg: SolverConfig, prime: list[int]) -> Optional[str]:
+def _apply_turn(ep: Episode, completion: Turn, tokenizer: Tokenizer, cfg: SolverConfig,
+                prime: list[int]) -> Optional[str]:
     """Append one generated turn (after its `prime` tokens); return the search query when the turn is a valid search."""
     _append_prime(ep, prime)
     room = cfg.max_episode_tokens - len(ep.token_ids)
@@ -264,7 +277,7 @@ def _apply_turn(ep: Episode, completion: Any, tokenizer: Any, cfg: SolverConfig,
     return None
 
 
-def _observe(episodes: list[Episode], queries: list[str], search_tool: SearchTool, tokenizer: Any,
+def _observe(episodes: list[Episode], queries: list[str], search_tool: SearchTool, tokenizer: Tokenizer,
              cfg: SolverConfig, turn: int, prime: int = 0) -> None:
     """Run this turn's searches in one batch and append each observation (loss mask 0)."""
     requests = [SearchRequest(ep.task.question, q, ep.task.answers, ep.task.evidence_ids, ep.task.id,
@@ -274,12 +287,15 @@ def _observe(episodes: list[Episode], queries: list[str], search_tool: SearchToo
         ep.n_searches += 1
         ep.sub_queries.append(query)
         ep.ranker_calls.append(result.call)
-        obs_ids = _encode(tokenizer, observation_text(result.passages))
+        shown = observation_text(result.passages)
+        obs_ids = _encode(tokenizer, shown)
         length = len(ep.token_ids) + len(obs_ids)
         if length + prime >= cfg.max_episode_tokens or length > _prompt_room(cfg, prime):
             # No room to read the documents and still answer (or the next prompt would not fit): the episode is over.
             ep.end_reason = "token_budget"
+            ep.observations.append("")
             continue
+        ep.observations.append(shown)
         ep.token_ids += obs_ids
         ep.loss_mask += [0] * len(obs_ids)
         if ep.logprobs is not None:
@@ -287,15 +303,7 @@ def _observe(episodes: list[Episode], queries: list[str], search_tool: SearchToo
         ep.read_answer = ep.read_answer or any(answer_relevant(p, ep.task.answers) for p in result.passages)
 
 
-class _GuideTurn(NamedTuple):
-    """A turn the guide writes instead of the policy: no sampling log-probs, so the policy recomputes them."""
-
-    token_ids: list[int]
-    text: str
-    logprobs: None = None
-
-
-def guide_turn(ep: Episode, tokenizer: Any, cfg: SolverConfig, primed: bool) -> _GuideTurn:
+def guide_turn(ep: Episode, tokenizer: Tokenizer, cfg: SolverConfig, primed: bool) -> _GuideTurn:
     """The next turn of a guided rollout: the path's next search while the episode's budgets allow
     (the last hops when the path is longer), then `<answer>target</answer>`."""
     room = max(0, min(cfg.max_searches, cfg.max_turns - 1))
@@ -308,8 +316,8 @@ def guide_turn(ep: Episode, tokenizer: Any, cfg: SolverConfig, primed: bool) -> 
     return _GuideTurn(_encode(tokenizer, text), text)
 
 
-def _turn_outputs(solver: SolverPolicy, live: list[Episode], params: SamplingParams, prime: list[int],
-                  cfg: SolverConfig, group_of: dict[int, int]) -> list[Any]:
+def _turn_outputs(solver: Generator, live: list[Episode], params: SamplingParams, prime: list[int],
+                  cfg: SolverConfig, group_of: dict[int, int]) -> list[Turn]:
     """One completion per live episode: one batched `generate` for the sampled ones, the guide for the rest.
 
     Each prompt carries its task's group id (`SamplingParams.groups`, by `id(episode)` in `group_of`): a
@@ -321,7 +329,7 @@ def _turn_outputs(solver: SolverPolicy, live: list[Episode], params: SamplingPar
     return [guide_turn(ep, solver.tokenizer, cfg, bool(prime)) if ep.guided else next(generated)[0] for ep in live]
 
 
-def run_episodes(solver: SolverPolicy, tasks: Sequence[Task], search_tool: SearchTool, cfg: SolverConfig,
+def run_episodes(solver: Generator, tasks: Sequence[Task], search_tool: SearchTool, cfg: SolverConfig,
                  sampling: Optional[SamplingParams] = None, group_size: Optional[int] = None) -> list[Episode]:
     """G = `group_size` (default `cfg.group_size`) rollouts per task, task-major order.
 

@@ -1,4 +1,4 @@
-"""Semantic grouping of ranker calls into GRPO groups (SPEC §4.4).
+"""Semantic grouping of ranker calls into GRPO groups (docs/method.md §4.4).
 
 For one original question q0: collect the ranker calls of its G rollouts in order of
 appearance (rollout order, then turn order), drop calls of rollouts with f = 0, split by
@@ -68,7 +68,7 @@ def group_calls(calls: Sequence[RankerCall], task_id: str, grouping: str = "sema
 
 
 def group_task(episodes: Sequence[Any], cfg: Any) -> list[list[RankerCall]]:
-    """SPEC §4.4 for the G rollouts of one task, with `cfg` a RankerConfig."""
+    """docs/method.md §4.4 for the G rollouts of one task, with `cfg` a RankerConfig."""
     if not episodes:
         return []
     return group_calls(task_calls(episodes), episodes[0].task_id, cfg.grouping, cfg.group_f1, cfg.min_group_size)

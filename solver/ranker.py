@@ -1,4 +1,4 @@
-"""The generative listwise ranker of the solver's search tool (SPEC §4.3, §4.6).
+"""The generative listwise ranker of the solver's search tool (docs/method.md §4.3, §4.6).
 
 `Ranker.rank` orders the first-stage candidates of a whole turn's searches with, for the
 generating modes, ONE `generate` call for all of that turn's prompts (solver/search_tool.py
@@ -9,13 +9,13 @@ observation falls back to the first-stage top-K and the call is recorded with f 
 """
 from __future__ import annotations
 
-import dataclasses
 import re
 from dataclasses import dataclass, field
-from typing import Any, NamedTuple, Optional, Protocol, Sequence
+from typing import Any, Callable, NamedTuple, Optional, Sequence
 
 from coevo.core.choices import RankerMode
-from coevo.core.types import SamplingParams
+from coevo.core.role_config import RankerConfig, shares_solver_policy
+from coevo.core.types import Completion, Generator, SamplingParams, Tokenizer
 from solver.ranker_prompt import fit_prompt, ranker_messages
 from solver.reward import PassageLike, answer_relevant, relevance_labels
 
@@ -79,15 +79,7 @@ class RankerCall:
         return [label.get(pid, False) for pid in self.chosen_ids]
 
 
-class Generator(Protocol):
-    tokenizer: Any
-
-    def chat_prompt_ids(self, messages: list[dict]) -> list[int]: ...
-
-    def generate(self, prompts: list[list[int]], sampling: SamplingParams) -> list[list[Any]]: ...
-
-
-def strip_eos(text: str, tokenizer: Any) -> str:
+def strip_eos(text: str, tokenizer: Optional[Tokenizer]) -> str:
     """Drop a trailing end-of-sequence marker an engine may decode into the text."""
     eos = getattr(tokenizer, "eos_token", None)
     stripped = text.rstrip()
@@ -166,17 +158,13 @@ class Ranker:
     `shares_solver_policy`, see `build_ranker`) and is unused in the none and oracle modes.
     """
 
-    def __init__(self, cfg: Any, policy: Optional[Generator] = None) -> None:
+    def __init__(self, cfg: RankerConfig, policy: Optional[Generator] = None) -> None:
         if cfg.mode not in list(RankerMode):
             raise ValueError(f"ranker.mode {cfg.mode!r} is not valid; expected one of {[str(m) for m in RankerMode]}")
-        if cfg.mode in ("trainable", "frozen") and policy is None:
+        if cfg.has_model and policy is None:
             raise ValueError(f"ranker.mode={cfg.mode} needs a ranker policy")
         self.cfg = cfg
         self.policy = policy
-
-    @property
-    def generates(self) -> bool:
-        return self.cfg.mode in ("trainable", "frozen")
 
     def sampling(self) -> SamplingParams:
         stop = [RERANK_STOP, "\n"] if self.cfg.line_stop else [RERANK_STOP]
@@ -200,7 +188,7 @@ class Ranker:
              candidates: Sequence[Sequence[PassageLike]]) -> list[RankerCall]:
         """One RankerCall per request; all generating calls share one `generate` call."""
         calls = [self._base_call(r, c) for r, c in zip(requests, candidates)]
-        todo = [i for i, c in enumerate(candidates) if self.generates and c]
+        todo = [i for i, c in enumerate(candidates) if self.cfg.has_model and c]
         if todo:
             prompts = [self._prompt_ids(requests[i], candidates[i]) for i in todo]
             outputs = self.policy.generate(prompts, self.sampling())
@@ -256,7 +244,7 @@ class Ranker:
                           chosen_ids=chosen, format_ok=True, reason=self.cfg.mode if cands else "no_candidates",
                           i_ans=any(relevant), relevant=relevant)
 
-    def _apply_completion(self, call: RankerCall, prompt: list[int], completion: Any) -> None:
+    def _apply_completion(self, call: RankerCall, prompt: list[int], completion: Completion) -> None:
         text = self._line_closed(self._primed() + strip_eos(completion.text, getattr(self.policy, "tokenizer", None)),
                                  completion.finish_reason)
         indices, reason = parse_rerank(text, len(call.candidate_ids), self._k(len(call.candidate_ids)),
@@ -271,39 +259,15 @@ class Ranker:
         # else: chosen_ids keeps the first-stage top-K set by _base_call (the fallback).
 
 
-def shares_solver_policy(cfg: Any, solver_frozen: bool = False) -> bool:
-    """Whether the ranker generates with the solver's policy object itself.
-
-    With `ranker.share_backbone` a trainable ranker does (one set of weights, one update). A
-    frozen one does only when the solver is frozen too: on the live weights of a training
-    solver the "fixed" ranker would drift with every solver update, so it gets a separate
-    frozen copy of the solver's initial weights instead (`ranker_policy_config`).
-    """
-    return bool(cfg.share_backbone) and (cfg.mode == "trainable" or (cfg.mode == "frozen" and solver_frozen))
-
-
-def ranker_policy_config(ranker_cfg: Any, solver_cfg: Any) -> Optional[Any]:
-    """Config of the ranker's own policy; None when it needs none (modes none/oracle, or it
-    shares the solver's policy object). A frozen shared-backbone ranker gets the solver's model
-    (preset, weights, start checkpoint, dtype), frozen, with the ranker's own serving settings
-    (engine, prompt budget, CPUs/GPUs: what the cluster was sized for)."""
-    if ranker_cfg.mode not in ("trainable", "frozen") or shares_solver_policy(ranker_cfg, solver_cfg.frozen):
-        return None
-    if not ranker_cfg.share_backbone:
-        return ranker_cfg
-    return dataclasses.replace(ranker_cfg, preset=solver_cfg.preset, model=solver_cfg.model, dtype=solver_cfg.dtype,
-                               checkpoint=solver_cfg.checkpoint, frozen=True)
-
-
-def build_ranker(cfg: Any, solver_policy: Optional[Generator] = None,
-                 load_policy: Optional[Any] = None) -> Ranker:
+def build_ranker(cfg: RankerConfig, solver_policy: Optional[Generator] = None,
+                 load_policy: Optional[Callable[[], Generator]] = None) -> Ranker:
     """The ranker for a config: the solver's policy object when `shares_solver_policy`, else `load_policy()`.
 
     `load_policy` is a zero-argument callable (e.g. `lambda: Policy.from_config(cfg, "ranker")`)
     so modes none/oracle never load a model; for a frozen shared-backbone ranker beside a
-    training solver it returns the frozen copy built from `ranker_policy_config`.
+    training solver it returns the frozen copy built from `ranker_policy_config` (coevo/core/role_config.py).
     """
-    if cfg.mode not in ("trainable", "frozen"):
+    if not cfg.has_model:
         return Ranker(cfg, None)
     if shares_solver_policy(cfg, bool(getattr(solver_policy, "frozen", False))):
         if solver_policy is None:

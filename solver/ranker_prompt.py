@@ -1,4 +1,4 @@
-"""The ranker's prompt (SPEC §4.3), built to fit its token budget (SPEC §5.2).
+"""The ranker's prompt (docs/method.md §4.3), built to fit its token budget (docs/method.md §5.2).
 
 A prompt over budget is never cut from the head (that loses the instructions, the question
 and the first candidates while indices 1..N still parse): `fit_prompt` shortens every

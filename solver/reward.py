@@ -1,11 +1,13 @@
-"""Solver and ranker rewards (SPEC §4.2, §4.5).
+"""Solver and ranker rewards (docs/method.md §4.2, §4.5).
 
 Pure functions over plain numbers and labels, so every case is hand-checkable:
 
+- `correctness`: c_i = 0 without an answer or for an echo (the answer occurs in the question or in a
+  query written before any observation held it, with `solver.reward.echo_guard`), else EM, F1 or content F1.
 - `solver_rewards`: tool-aware reward over the G rollouts of one task,
   `r_i = c_i · (1 − λ · (s_i − s_min)/(s_max − s_min))`, min/max over the *correct*
   rollouts, `−α` for a format violation.
-- `ranker_reward`: the composite table of §4.5 (malformed → −α; I_ans = 1 → r_rel, plus
+- `ranker_reward`: the composite table of docs/method.md §4.5 (malformed → −α; I_ans = 1 → r_rel, plus
   r_main when r_rel > γ; I_ans = 0 → r_main).
 - `relevance_labels`: pseudo-relevance of candidates (`answer`, `evidence` or `both`).
 
@@ -32,8 +34,11 @@ def correctness(answer: Optional[str], golds: Sequence[str], mode: str = "em",
                 echo_of: Sequence[str] = ()) -> float:
     """c ∈ [0, 1] of one rollout: EM, token F1 or content-word F1 (max over gold aliases).
 
-    No answer → 0; an answer that `echoes` one of `echo_of` (the question and the rollout's own
-    queries, with `solver.reward.echo_guard`) → 0, so repeating the query never pays.
+    c = 0 with no answer or when the answer `echoes` one of `echo_of`, else the score by `mode`.
+    With `solver.reward.echo_guard` the caller passes `coevo.core.scoring.echo_sources`: the question
+    and the queries written before any observation held the answer, so repeating the question or a
+    guess searched before reading it never pays, and searching an answer already read (read-then-verify)
+    keeps its score; without the guard, nothing.
     """
     if mode not in SCORERS:
         raise ValueError(f"correctness mode {mode!r} is not valid; expected one of {[str(m) for m in SCORERS]}")
@@ -44,7 +49,7 @@ def correctness(answer: Optional[str], golds: Sequence[str], mode: str = "em",
 
 def solver_rewards(correct: Sequence[float], searches: Sequence[int], format_ok: Sequence[bool],
                    tool_cost: float = 0.2, format_penalty: float = 0.2) -> list[float]:
-    """Tool-aware rewards of the G rollouts of one task (SPEC §4.2).
+    """Tool-aware rewards of the G rollouts of one task (docs/method.md §4.2).
 
     A rollout counts as *correct* when it is format-valid and c_i > 0: with EM that is
     c_i = 1; with F1 any token overlap counts, so partially right rollouts also set the
@@ -91,7 +96,7 @@ def relevance_reward(ranked_relevant: Sequence[bool], top_k: int) -> float:
 
 def ranker_reward(format_ok: bool, i_ans: bool, r_rel: float, r_main: float,
                   gamma: float = 0.5, format_penalty: float = 0.2) -> float:
-    """Composite ranker reward, SPEC §4.5 table (r_main = correctness of the call's rollout)."""
+    """Composite ranker reward, docs/method.md §4.5 table (r_main = correctness of the call's rollout)."""
     if not format_ok:
         return -format_penalty
     if not i_ans:
@@ -112,7 +117,7 @@ def score_ranker_call(call: Any, r_main: float, cfg: Any) -> float:
 
 def relevance_labels(passages: Sequence[PassageLike], answers: Sequence[str],
                      evidence_ids: Sequence[str], mode: str = "answer") -> list[bool]:
-    """Pseudo-relevance of each passage (SPEC §4.5 `ranker.relevance`).
+    """Pseudo-relevance of each passage (docs/method.md §4.5 `ranker.relevance`).
 
     `answer`: a gold answer occurs (normalized, token-aligned) in the passage text or its
     title; `evidence`: the passage is one of the task's evidence passages; `both`: either.

@@ -1,4 +1,4 @@
-"""The solver's search tool (SPEC §4.3): first-stage retriever → N candidates → ranker → K documents.
+"""The solver's search tool (docs/method.md §4.3): first-stage retriever → N candidates → ranker → K documents.
 
 `SearchTool.search` answers a whole turn's searches at once: one retriever call, then one
 `Ranker.rank` call (one ranker `generate` call for the generating modes). Ranker output is
@@ -9,6 +9,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Any, Sequence
 
+from coevo.core.role_config import RankerConfig
 from solver.ranker import Ranker, RankerCall, SearchRequest
 from solver.reward import PassageLike
 
@@ -24,7 +25,7 @@ class ToolResult:
 class SearchTool:
     """The solver's search tool: first-stage top-N, then the ranker picks and orders K."""
 
-    def __init__(self, retriever: Any, ranker: Ranker, cfg: Any) -> None:
+    def __init__(self, retriever: Any, ranker: Ranker, cfg: RankerConfig) -> None:
         self.retriever = retriever
         self.ranker = ranker
         self.cfg = cfg

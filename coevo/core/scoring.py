@@ -1,4 +1,4 @@
-"""Answer normalization and metrics (SPEC §5.4): the one implementation in the project.
+"""Answer normalization and metrics (docs/method.md §5.4): the one implementation in the project.
 
 Rewards, ranker pseudo-relevance labels and evaluation all call these functions.
 """
@@ -88,35 +88,77 @@ def content_tokens(text: str) -> list[str]:
     return [t for t in normalize_answer(text).split() if t not in FUNCTION_WORDS]
 
 
+# Generic words that name a kind of thing, not which one: the head of a name ("Mount", "Lake", "University",
+# "Treaty", "Saint"), a title ("King", "President") or a name-forming modifier ("New", "North", "United").
+# Two different names of one kind share them, so a match on them alone is no evidence of the right answer.
+NAME_HEADS = frozenset("""
+    mount mt mountain mountains lake lakes river sea ocean bay gulf island islands isle cape peninsula valley
+    desert forest park falls canyon strait glacier volcano hill hills coast
+    city town village county province state states kingdom republic empire district region port fort
+    saint st san santa sao university college school institute academy church cathedral abbey temple palace
+    castle tower bridge museum hospital station airport stadium street road avenue square
+    company corporation inc ltd group party club
+    king queen prince princess emperor empress pope president sir lord lady duke earl general captain dr mr mrs
+    battle war treaty act award prize cup
+    new north south east west northern southern eastern western upper lower great greater little grand
+    central united
+""".split())
+
+
 def content_f1(prediction: str, golds: str | Sequence[str]) -> float:
-    """Token F1 over content words (`content_tokens`), max over gold aliases.
+    """Token F1 over content words (`content_tokens`), max over gold aliases; 0 against an alias
+    when the shared words are all generic name words (`NAME_HEADS`).
 
     "The capital of Nigeria is Abuja" scores 1/2 against "Abuja" (content: capital, nigeria,
-    abuja) where plain F1 gives 1/3: partial credit that rises as the answer sheds words. A gold
-    made only of function words ("The Who") is scored on all its tokens.
+    abuja) where plain F1 gives 1/3: partial credit that rises as the answer sheds words.
+    "Mount Fuji" scores 0 against "Mount Kilimanjaro" (only the head "mount" is shared: a wrong
+    name of the right kind) but 2/3 against "Fuji", as "Barack Obama" does against "Obama". The
+    rule reads only the two strings and a fixed word list: no label decides what a head is. A gold
+    made only of function words ("The Who") is scored on all its tokens; one whose content words are
+    all name words ("Great Lakes") is scored without the head rule.
     """
     best = 0.0
+    pred_toks = content_tokens(prediction)
     for gold in _as_golds(golds):
         gold_toks = content_tokens(gold)
         if not gold_toks:
             best = max(best, token_f1(prediction, gold))
             continue
-        common = sum((Counter(content_tokens(prediction)) & Counter(gold_toks)).values())
-        if common:
-            precision, recall = common / len(content_tokens(prediction)), common / len(gold_toks)
-            best = max(best, 2 * precision * recall / (precision + recall))
+        shared = Counter(pred_toks) & Counter(gold_toks)
+        if not shared or (set(shared) <= NAME_HEADS and not set(gold_toks) <= NAME_HEADS):
+            continue
+        common = sum(shared.values())
+        precision, recall = common / len(pred_toks), common / len(gold_toks)
+        best = max(best, 2 * precision * recall / (precision + recall))
     return best
 
 
 def echoes(answer: str, sources: Iterable[str]) -> bool:
-    """Whether the normalized answer occurs, on token boundaries, in one of `sources` (the question,
-    the solver's own search queries): an answer that repeats what it was given or asked for."""
+    """Whether the normalized answer occurs, on token boundaries, in one of `sources`: an answer that
+    repeats what it was given or asked for when `sources` are `echo_sources`."""
     key = normalize_answer(answer)
     return bool(key) and any(f" {key} " in f" {normalize_answer(s)} " for s in sources if isinstance(s, str))
 
 
+def echo_sources(answer: str, question: str, queries: Sequence[str], observations: Sequence[str]) -> list[str]:
+    """What a rollout's answer must not repeat to count as found (docs/method.md §4.2): the question and
+    each query written before any observation held the answer; `echoes(answer, echo_sources(...))` is
+    the one definition of an echo.
+
+    `observations[i]` is the text that `queries[i]` returned, so `queries[i]` was written after
+    `observations[:i]`. With k the first observation holding the answer (`echoes(answer, [observations[k]])`),
+    the sources are the question and `queries[:k + 1]`; later queries verify what the rollout read
+    (read "Hamlet" in a passage, then searched "Hamlet": not an echo). No known observation holds it
+    (none read, or none recorded): every query is a source, the rule without observations.
+    """
+    for k, observation in enumerate(observations[:len(queries)]):
+        if echoes(answer, [observation]):
+            return [question, *queries[:k + 1]]
+    return [question, *queries]
+
+
 def cover_em(prediction: str, golds: str | Sequence[str]) -> float:
-    """1.0 when some normalized gold is a substring of the normalized prediction (SPEC §5.4)."""
+    """1.0 when some normalized gold is a substring of the normalized prediction (docs/method.md §5.4)."""
     pred = normalize_answer(prediction)
     return float(any((gold := normalize_answer(g)) and gold in pred for g in _as_golds(golds)))
 

@@ -6,8 +6,9 @@ every layer above `coevo.core` speaks the same vocabulary.
 `GenerationEngine` is the interface the `hf` and `vllm` engines share (their names, the config
 values, are the `coevo.core.choices.Engine` enum).
 
-Callers (solver episodes, ranker calls, proposer calls) only see `GenerationEngine.generate`: token-id
-prompts in, token-id completions out. Engines never re-tokenize decoded text.
+Callers (solver episodes, ranker calls, proposer calls) see a role's policy as a `Generator`: token-id
+prompts in, token-id completions out, the engine's `GenerationEngine.generate` at the end of the path.
+Engines never re-tokenize decoded text.
 """
 from __future__ import annotations
 
@@ -50,6 +51,60 @@ class GenerationEngine(Protocol):
 
     def sync_weights(self, model) -> None:  # noqa: ANN001 - a transformers PreTrainedModel
         """Serve the current weights of `model` from now on (no-op for engines that share it)."""
+        ...
+
+
+class Tokenizer(Protocol):
+    """What the roles use of a policy's tokenizer (a transformers tokenizer, or a test's stand-in)."""
+
+    eos_token: Optional[str]  # decoded into a completion's text by some engines (solver/ranker.py `strip_eos`)
+
+    def encode(self, text: str, add_special_tokens: bool = True) -> list[int]:
+        """Token ids of `text` (the roles pass add_special_tokens=False: no BOS inside an episode)."""
+        ...
+
+    def decode(self, token_ids: list[int], skip_special_tokens: bool = False) -> str:
+        """Text of `token_ids` (task dumps)."""
+        ...
+
+
+class Generator(Protocol):
+    """A role's policy as the roles generate with it: the solver's episodes (solver/agent.py), the ranker's
+    calls (solver/ranker.py), the proposer's calls.
+
+    In one process it is coevo/train/policy.py `Policy`; under Ray the driver-side proxy
+    coevo/orchestrate/policy_actors.py `RemotePolicy` (its actor `PolicyWorker` holds the `Policy`) or, for a
+    sharded role, coevo/orchestrate/sharded_actors.py `RemoteShardedPolicy`; coevo/orchestrate/timing.py
+    `MeteredPolicy` counts a step's tokens around any of them.
+    """
+
+    tokenizer: Tokenizer
+
+    def chat_prompt_ids(self, messages: list[dict]) -> list[int]:
+        """Token ids of chat `messages` rendered with the model's template, ending in the assistant turn."""
+        ...
+
+    def generate(self, prompts: list[list[int]], sampling: SamplingParams) -> list[list[Completion]]:
+        """For each prompt, `sampling.n` completions, in prompt order."""
+        ...
+
+
+class RolePolicy(Generator, Protocol):
+    """A `Generator` that the run also trains and checkpoints (`Policy`, `RemotePolicy`, `RemoteShardedPolicy`)."""
+
+    role: str  # proposer | solver | ranker
+    frozen: bool  # never updated (`<role>.frozen`, resolved by coevo/core/config.py `resolve_frozen`)
+
+    def update(self, batch: list[TrainSequence]) -> dict:
+        """One GRPO update on `batch`; its metrics ({"skipped": True} for a frozen policy)."""
+        ...
+
+    def save(self, directory: str) -> object:
+        """Write weights (and optimizer state) to `directory`."""
+        ...
+
+    def load(self, directory: str) -> None:
+        """Restore what `save` wrote."""
         ...
 
 

@@ -1,4 +1,5 @@
-"""Evaluation harness behind `python -m coevo.eval`: EM / F1 / cover-EM of a solver on QA benchmarks (SPEC §6).
+"""Evaluation harness behind `python -m coevo.eval`: EM / F1 / cover-EM of a solver on QA benchmarks
+(docs/method.md §5.4, §6).
 
     python -m coevo.eval solver=smollm2-135m data=../shared/data/benchmarks/dev.jsonl mode=rag out=rag.json
     python -m coevo.eval mode=agent ranker.mode=frozen limit=25          # per-dataset limit
@@ -72,7 +73,7 @@ def validate_eval(cfg: EvalRootConfig) -> None:
         raise ValueError(f"config key limit={cfg.limit} must be >= 1 (or null for all questions)")
     if not Path(cfg.data).is_file():
         raise FileNotFoundError(f"config key data={cfg.data!r}: no such file")
-    if cfg.mode != "direct" and cfg.ranker.checkpoint and cfg.ranker.mode in ("none", "oracle"):
+    if cfg.mode != "direct" and cfg.ranker.checkpoint and not cfg.ranker.has_model:
         raise ValueError(f"ranker.checkpoint is set but ranker.mode={cfg.ranker.mode} uses no ranker model; "
                          "set ranker.mode=trainable (or frozen) to evaluate that ranker")
 

@@ -3,7 +3,7 @@ per-dataset aggregation, terminal tables, result files and their comparison.
 
 Everything here is a pure function of the prediction records, so a result file can be
 re-aggregated after loading (`aggregate(result["predictions"], K, mode)` gives back its
-`metrics`). Answer scores always come from `coevo.core.scoring` (SPEC §5.4: the one
+`metrics`). Answer scores always come from `coevo.core.scoring` (docs/method.md §5.4: the one
 implementation) applied to the record's `prediction` and `answers`.
 
 Per dataset (keys of `metrics[<dataset>]`):
@@ -14,7 +14,9 @@ Per dataset (keys of `metrics[<dataset>]`):
 - when the questions carry `gold_ids` and the mode retrieves: `recall@K` (share of a
   question's gold passages among the passages the solver was shown, over all its
   searches, averaged over questions), `ranker_calls`, `hit@k` for k in {1, 3, 5} capped at
-  K (share of searches whose top-k shown passages hold a gold passage) and
+  K (share of the searches with a gold passage among their candidates whose top-k shown
+  passages hold one: `coevo.run`'s and `coevo.solve`'s `ranker/hit@k`, gold passages as the
+  relevant ones) and
   `ranker_format_failure` (share of searches whose ranker output was malformed and fell
   back to first-stage order).
 
@@ -34,9 +36,9 @@ from typing import Any, Optional, Sequence
 
 from coevo.core.scoring import cover_em, exact_match, f1
 from coevo.core.stats import mean
+from coevo.orchestrate.step_metrics import hit_rates
 from solver.agent import parse_action
 from solver.ranker import RankerCall
-from solver.reward import hit_at_k, hit_cutoffs
 
 ROUND = 4  # digits kept in metrics (predictions keep full precision)
 TABLE_SCORES = ("em", "f1", "cover_em")  # shown x100 in tables
@@ -98,21 +100,24 @@ def _rounded(metrics: dict[str, Any]) -> dict[str, Any]:
 
 
 def _retrieval_metrics(records: Sequence[dict[str, Any]], top_k: int) -> dict[str, Any]:
-    """recall@K, Hit@k and ranker format failures over the questions that have gold ids."""
+    """recall@K, Hit@k and ranker format failures over the questions that have gold ids.
+
+    Hit@k is `coevo.orchestrate.step_metrics.hit_rates`, the figure `coevo.run` and `coevo.solve`
+    log, over the same population: the searches with a relevant candidate, here a gold passage.
+    """
     labelled = [r for r in records if r.get("gold_ids")]
     if not labelled:
         return {}
-    recalls, calls = [], []
+    recalls, rankings, format_ok = [], [], []
     for rec in labelled:
         gold = set(rec["gold_ids"])
         shown = {pid for s in rec["retrievals"] if s["observed"] for pid in s["chosen_ids"]}
         recalls.append(len(gold & shown) / len(gold))
-        calls += [([pid in gold for pid in s["chosen_ids"]], s["format_ok"]) for s in rec["retrievals"]]
-    out: dict[str, Any] = {f"recall@{top_k}": mean(recalls), "ranker_calls": len(calls)}
-    for k in hit_cutoffs(top_k):
-        out[f"hit@{k}"] = mean([hit_at_k(relevant, k) for relevant, _ in calls])
-    out["ranker_format_failure"] = mean([float(not ok) for _, ok in calls])
-    return out
+        rankings += [[pid in gold for pid in s["chosen_ids"]] for s in rec["retrievals"]
+                     if gold.intersection(s["candidate_ids"])]
+        format_ok += [s["format_ok"] for s in rec["retrievals"]]
+    return {f"recall@{top_k}": mean(recalls), "ranker_calls": len(format_ok), **hit_rates(rankings, top_k),
+            "ranker_format_failure": mean([float(not ok) for ok in format_ok])}
 
 
 def dataset_metrics(records: Sequence[dict[str, Any]], top_k: int, retrieves: bool) -> dict[str, Any]:
@@ -258,7 +263,7 @@ def make_stamp(cfg: Any, corpus: Any, n_questions: int, duration_s: float) -> di
     `cfg` is a coevo.eval.EvalRootConfig; `corpus` the searched Corpus (None in direct mode).
     """
     retrieves = cfg.mode != "direct"
-    ranker_model = retrieves and cfg.ranker.mode in ("trainable", "frozen")
+    ranker_model = retrieves and cfg.ranker.has_model
     shared = ranker_model and cfg.ranker.share_backbone
     searched = corpus if retrieves else None
     commit, status = _git("rev-parse", "HEAD"), _git("status", "--porcelain", "--untracked-files=no")

@@ -1,4 +1,5 @@
-"""Run inspection behind `python -m coevo.inspect <run_dir>`: audit a run's curriculum from its dumps (SPEC §6).
+"""Run inspection behind `python -m coevo.inspect <run_dir>`: audit a run's curriculum from its dumps
+(docs/method.md §6).
 
 Loading (`load_run`: task dumps and metrics lines, old dump keys renamed), filters and the
 terminal summary: acceptance per stage with reason-code counts, accuracy (difficulty) and
@@ -41,7 +42,8 @@ def _read_records(path: Path) -> list[dict]:
 
 
 def load_run(run_dir: Path, step: Optional[int] = None) -> tuple[list[dict], list[dict]]:
-    """(task records with their step, metrics lines) of a run directory; old dump keys are renamed.
+    """(task records with their step, metrics lines) of a run directory; old dump keys are renamed. The corpus
+    clozes `solver.extraction_mix` adds to a dump (`"kind": "extraction"`) are not task records: left out.
 
     A line that is not a JSON object, or a record whose nested parts have the wrong shape,
     is an error naming file and line; leaf values (accuracy, texts) are shown as they are.
@@ -55,6 +57,8 @@ def load_run(run_dir: Path, step: Optional[int] = None) -> tuple[list[dict], lis
     for n, f in dumps:
         if step is None or n == step:
             for line_no, r in iter_jsonl(f, objects=True, skip_torn_last=True):
+                if r.get("kind") == "extraction":  # a mixed corpus cloze, not a candidate: its figures are
+                    continue  # the metrics' extraction block (coevo/orchestrate/extraction_mix.py)
                 _check_structure(r, f"{f}:{line_no}")
                 records.append({**r, "step": n})
     metrics_path = run_dir / "metrics.jsonl"

@@ -24,7 +24,8 @@ from typing import Any, Callable, Optional, Sequence
 from coevo.core.stats import correctness_shares, mean
 from coevo.evaluate.report import hop_count, label, load_run, number
 
-# series name -> path of keys in a metrics.jsonl line (coevo.orchestrate.records.step_metrics)
+# series name -> path of keys in a metrics.jsonl line (coevo.orchestrate.records.step_metrics; the solver and
+# ranker keys, and the population each is over: coevo.orchestrate.step_metrics)
 METRIC_KEYS: dict[str, tuple[str, ...]] = {
     "steps": ("step",), "candidates": ("candidates",), "accepted": ("accepted",),
     "task_acceptance": ("acceptance", "task"), "target_acceptance": ("acceptance", "target"),
@@ -46,7 +47,7 @@ def _dict(x: Any) -> dict:
 
 
 # The acceptance funnel of a step's candidates: (key, label, passed). Each stage is reached only
-# through the one before it in the proposer pipeline (SPEC §3), so the counts never rise.
+# through the one before it in the proposer pipeline (docs/method.md §3), so the counts never rise.
 FUNNEL: tuple[tuple[str, str, Callable[[dict], bool]], ...] = (
     ("candidates", "candidates", lambda r: True),
     ("parsed_target", "parsed target", lambda r: r.get("target") is not None),

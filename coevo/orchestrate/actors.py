@@ -1,4 +1,4 @@
-"""Ray actors (SPEC §5.2) and the thin driver-side proxies that make them look local.
+"""Ray actors (docs/method.md §5.2) and the thin driver-side proxies that make them look local.
 
 Roles live in their own modules (coevo/policy.py, evidence/, solver/); this module only
 creates the actors and wires them: one actor per trainable policy, `retrieval.replicas`
@@ -7,8 +7,9 @@ bm25s's mmap), one evidence actor (spaCy + entity index). A policy with `num_gpu
 is a group of n worker actors, one GPU each, sharing one torch.distributed process group
 (coevo/train/sharded.py), behind a proxy with the single actor's interface (`RemoteShardedPolicy`).
 The actors start together, except the roles serving with vLLM on GPUs: one at a time (`start_policies`).
-The proxies expose the same methods the episode code calls (`generate`, `chat_prompt_ids`, `tokenizer`, `search`,
-`corpus[pid]`), so `solver.agent.run_episodes` runs unchanged against remote actors.
+The proxies expose the same methods the episode code calls (a policy's `RolePolicy` of coevo/core/types.py, the
+retriever's `search` and `corpus[pid]`), so `solver.agent.run_episodes` runs unchanged against remote actors;
+`ranker_and_trainable` wires the ranker alike under Ray and in one process.
 """
 from __future__ import annotations
 
@@ -19,7 +20,8 @@ import ray
 
 from coevo.core.choices import Engine
 from coevo.core.config import CoevoConfig, PolicyConfig
-from coevo.core.types import EvidencePath, Verdict
+from coevo.core.role_config import ranker_policy_config
+from coevo.core.types import EvidencePath, RolePolicy, Verdict
 from coevo.orchestrate.cluster import (  # noqa: F401  init_ray: imported from here by tests and tools
     ActorFailure,
     check_schedulable,
@@ -42,7 +44,6 @@ from coevo.train.sharded import shard_count
 from evidence.build_index import build_command
 from evidence.corpus_store import open_corpus
 from evidence.retrieval import build_retriever
-from solver.ranker import ranker_policy_config
 
 
 class RemoteEvidence:
@@ -112,12 +113,12 @@ class RemoteRetriever:
 class Actors:
     """Every actor of a run plus the driver-side proxies the loop uses."""
 
-    proposer: Optional[RemotePolicy]  # None in `coevo.solve` (labelled questions, no proposer)
-    solver: RemotePolicy
-    ranker: Optional[RemotePolicy]  # None when ranker.mode is none/oracle; the solver's when shared
+    proposer: Optional[RolePolicy]  # None in `coevo.solve` (labelled questions, no proposer)
+    solver: RolePolicy
+    ranker: Optional[RolePolicy]  # None when ranker.mode is none/oracle; the solver's when shared
     retrieval: RemoteRetriever
     evidence: Optional[RemoteEvidence]  # None in `coevo.solve`
-    trainable: dict[str, RemotePolicy]  # role -> policy whose weights change and are checkpointed
+    trainable: dict[str, RolePolicy]  # role -> policy whose weights change and are checkpointed
     placement: dict[str, dict] = field(default_factory=dict)  # actor -> node, host, pid, resources (Ray only)
     handles: dict[str, Any] = field(default_factory=dict)  # actor name -> its Ray handle (Ray only)
 
@@ -128,8 +129,11 @@ class Actors:
         actor (no accepted task: no search), so a run could go on without one; the loop asks each step.
         """
         refs = {name: handle.ready.remote() for name, handle in self.handles.items()}
+        ranks = {name: f"{role} rank {r}" for role in ("proposer", "solver", "ranker")
+                 if isinstance(proxy := getattr(self, role), RemoteShardedPolicy)
+                 for r, name in enumerate(rank_names(role, len(proxy.workers)))}
         for name, ref in refs.items():
-            call(ref, f"{name} (alive check)")
+            call(ref, f"{ranks.get(name, name)} (alive check)")  # a sharded role's rank by role and rank
 
 
 def _requests(cfg: CoevoConfig, ranker: Optional[PolicyConfig]) -> dict[str, dict[str, float]]:
@@ -145,7 +149,7 @@ def _requests(cfg: CoevoConfig, ranker: Optional[PolicyConfig]) -> dict[str, dic
             continue
         ranks = shard_count(p, role)
         for name in rank_names(role, ranks) if ranks else [role]:
-            out[name] = request_of(p.num_cpus / ranks, 1, p.resources) if ranks else request_of(
+            out[name] = request_of(p.num_cpus / ranks, 1 if p.num_gpus else 0, p.resources) if ranks else request_of(
                 p.num_cpus, p.num_gpus, p.resources)
     # One core each: BM25 search and spaCy are single-threaded (limit_threads(1)).
     for name in retrieval_names(cfg.retrieval.replicas):
@@ -175,7 +179,7 @@ def _policy_actor(cfg: CoevoConfig, policy: PolicyConfig, role: str, seed: int, 
     ranks = shard_count(policy, role)
     if ranks:
         return RemoteShardedPolicy(policy, role, seed, [opts[n] for n in rank_names(role, ranks)], wanted,
-                                   collective_timeout_s=cfg.cluster.collective_timeout_s)
+                                   "nccl" if policy.num_gpus else "gloo", cfg.cluster.collective_timeout_s)
     actor = ray.remote(PolicyWorker).options(**opts[role]).remote(policy, role, seed, wanted)
     return RemotePolicy(actor, policy, role)
 
@@ -232,6 +236,20 @@ def _start_sharded(proxy: Optional[RemotePolicy]) -> None:
         proxy.start()
 
 
+def ranker_and_trainable(cfg: CoevoConfig, proposer: Optional[RolePolicy], solver: RolePolicy,
+                         own_ranker: Optional[RolePolicy]) -> tuple[Optional[RolePolicy], dict[str, RolePolicy]]:
+    """(the ranker's policy, role -> policy whose weights change and are checkpointed), under Ray and in one process.
+
+    `own_ranker`: the policy built from `ranker_policy_config` (None when that is None). Without
+    one the ranker generates with the solver's object (`ranker.share_backbone`) or has no model
+    (modes none and oracle). mode=frozen already set ranker.frozen (coevo.core.config.resolve_frozen),
+    so a frozen ranker, its own or a frozen copy of the solver's start, is never trained.
+    """
+    ranker = (solver if own_ranker is None else own_ranker) if cfg.ranker.has_model else None
+    roles = (("proposer", proposer), ("solver", solver), ("ranker", own_ranker))
+    return ranker, {role: p for role, p in roles if p is not None and not p.frozen}
+
+
 def create_actors(cfg: CoevoConfig) -> Actors:
     """Start every actor the configuration needs and return the wired proxies.
 
@@ -241,9 +259,7 @@ def create_actors(cfg: CoevoConfig) -> Actors:
     """
     init_ray(cfg)
     cfg = for_workers(cfg)
-    # mode=frozen already set ranker.frozen (coevo.core.config.resolve_frozen): never trained. None:
-    # the solver's own object (shared backbone); frozen + shared: a frozen copy of the solver's start.
-    own = ranker_policy_config(cfg.ranker, cfg.solver) if cfg.ranker.mode in ("trainable", "frozen") else None
+    own = ranker_policy_config(cfg.ranker, cfg.solver)
     requests = _requests(cfg, own)
     check_schedulable(requests)
     pg, opts = placement_options(requests, cfg.ray.placement)
@@ -258,12 +274,7 @@ def create_actors(cfg: CoevoConfig) -> Actors:
         lambda role, p: _policy_actor(cfg, p, role, seeds[role], opts),
         lambda handles: wait_until_ready(handles, requests, cfg.ray, call, pg, starting=notes), data)
     proposer, solver = policies["proposer"], policies["solver"]
-    ranker: Optional[RemotePolicy] = None
-    if cfg.ranker.mode in ("trainable", "frozen"):
-        ranker = solver if own is None else policies["ranker"]
-    trainable = {r: p for r, p in (("proposer", proposer), ("solver", solver)) if not p.frozen}
-    if ranker is not None and ranker is not solver and not ranker.frozen:
-        trainable["ranker"] = ranker
+    ranker, trainable = ranker_and_trainable(cfg, proposer, solver, policies["ranker"])
     handles = {**_handles(policies), **data}
     placement = {name: {**placed[name], "resources": requests[name]} for name in handles}
     return Actors(proposer, solver, ranker, retrieval, evidence, trainable, placement, handles)
@@ -276,20 +287,16 @@ def create_local_actors(cfg: CoevoConfig, with_proposer: bool = True) -> Actors:
     A sharded role (`num_gpus > 1`) needs its Ray worker group: refused here, never run on one GPU.
     """
     for role in ("proposer", "solver", "ranker") if with_proposer else ("solver", "ranker"):
-        n = getattr(cfg, role).num_gpus
-        if n > 1:
-            raise ValueError(f"config key {role}.num_gpus={n:g} shards the {role} over a Ray worker group, which "
+        if ranks := shard_count(getattr(cfg, role), role):
+            key = "num_gpus" if getattr(cfg, role).num_gpus > 1 else "cpu_ranks"
+            raise ValueError(f"config key {role}.{key}={ranks} shards the {role} over a Ray worker group, which "
                              f"ray.local=true (one process) cannot hold; expected ray.local=false or "
-                             f"{role}.num_gpus <= 1")
+                             f"{role}.{key} <= 1")
     proposer = Policy.from_config(cfg.proposer, "proposer") if with_proposer else None
     solver = Policy.from_config(cfg.solver, "solver")
-    ranker = None
-    if cfg.ranker.mode in ("trainable", "frozen"):
-        own = ranker_policy_config(cfg.ranker, cfg.solver)  # None: shares the solver's object
-        ranker = solver if own is None else Policy.from_config(own, "ranker")
+    own = ranker_policy_config(cfg.ranker, cfg.solver)
+    own_ranker = Policy.from_config(own, "ranker") if own is not None else None
+    ranker, trainable = ranker_and_trainable(cfg, proposer, solver, own_ranker)
     retriever = build_retriever(open_corpus(cfg.corpus), cfg.retrieval)
-    trainable = {r: p for r, p in (("proposer", proposer), ("solver", solver)) if p is not None and not p.frozen}
-    if ranker is not None and ranker is not solver and not ranker.frozen:
-        trainable["ranker"] = ranker
     evidence = EvidenceWorker(cfg, own_process=False) if with_proposer else None
     return Actors(proposer, solver, ranker, retriever, evidence, trainable)  # type: ignore[arg-type]

@@ -2,7 +2,7 @@
 
 The arithmetic is proposer/curriculum.py's. `coevo.run` asks `step_hops` for the step's path
 length (the level, or `evidence.hops` when the curriculum is off), feeds the step's accuracy
-by hop count (`step_metrics`' `hops/accuracy/<k>`) to `advance`, which adds `curriculum/level`
+by hop count (`coevolution_step`'s `StepOutcome.hop_accuracy`) to `advance`, which adds `curriculum/level`
 (the level the step played), `curriculum/next_level` and `curriculum/accuracy/<k>` (each
 level's window mean) to the step's metrics, and keeps the state in the checkpoint's state.json
 beside the data cursor (`checkpoint_state`, `saved_state`): a resumed run continues at the same
@@ -11,7 +11,7 @@ level with the same windows.
 from __future__ import annotations
 
 from pathlib import Path
-from typing import Any, Optional
+from typing import Any, Mapping, Optional
 
 from coevo.core.choices import PathLength, path_length
 from coevo.core.config import CoevoConfig
@@ -40,13 +40,16 @@ def step_hops(cfg: CoevoConfig, state: Optional[CurriculumState]) -> PathLength 
     return state.level if state is not None else path_length(cfg.evidence.hops, cfg.evidence.max_hops)
 
 
-def advance(cfg: CoevoConfig, state: Optional[CurriculumState],
-            metrics: dict[str, Any]) -> tuple[Optional[CurriculumState], dict[str, Any]]:
-    """(state after the step, the step's metrics with the `curriculum` block); unchanged when off."""
+def advance(cfg: CoevoConfig, state: Optional[CurriculumState], metrics: dict[str, Any],
+            accuracy_by_hops: Mapping[int, Optional[float]]) -> tuple[Optional[CurriculumState], dict[str, Any]]:
+    """(state after the step, the step's metrics with the `curriculum` block); unchanged when off.
+
+    `accuracy_by_hops`: the step's mean solver accuracy of accepted tasks by path length
+    (`coevolution_step`'s `StepOutcome.hop_accuracy`; None or a missing k: no such task).
+    """
     if state is None:
         return None, metrics
-    accuracy = metrics.get("hops", {}).get("accuracy", {})
-    new = next_state(state, {int(k): v for k, v in accuracy.items()}, rule(cfg))
+    new = next_state(state, accuracy_by_hops, rule(cfg))
     block = {"level": state.level, "next_level": new.level,
              "accuracy": {str(k): new.accuracy(k) for k, _ in new.windows}}
     return new, {**metrics, "curriculum": block}

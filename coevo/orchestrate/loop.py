@@ -1,4 +1,4 @@
-"""The co-evolution driver (SPEC §2): one step = propose → validate → solve → reward → update.
+"""The co-evolution driver (docs/method.md §2): one step = propose → validate → solve → reward → update.
 
 `coevolution_step` is the whole algorithm and reads top to bottom; `coevo.run` wraps it with
 the data cursor, dumps, metrics, checkpoints and resume. `solve_tasks`, `role_batches` and
@@ -7,13 +7,14 @@ proposer stages), so both train the solver and the ranker through one path.
 """
 from __future__ import annotations
 
-from typing import Any, Collection, Mapping, Sequence
+from typing import Any, Collection, Mapping, NamedTuple, Optional, Sequence
 
 from coevo.core.choices import PathLength, path_length
 from coevo.core.config import CoevoConfig
 from coevo.core.types import SamplingParams, TrainSequence
+from coevo.orchestrate import extraction_mix
 from coevo.orchestrate.actors import Actors
-from coevo.orchestrate.records import candidate_record, step_metrics
+from coevo.orchestrate.records import candidate_record, hop_accuracy, step_metrics
 from coevo.orchestrate.timing import StageTimer, update_tokens
 from proposer.pipeline import (
     Candidate,
@@ -37,9 +38,19 @@ def step_seed(seed: int, step: int) -> int:
     return (seed * 1_000_003 + step * 7919) % (2**31 - 1)
 
 
+class StepOutcome(NamedTuple):
+    """What one co-evolution step returns: its task-dump records, its metrics line, and the mean solver
+    accuracy of its accepted tasks by path length (hops -> accuracy, None: none scored), the value the
+    hop curriculum moves on (`hop_curriculum.advance`; the metrics log it as `hops/accuracy/<k>`)."""
+
+    records: list[dict]
+    metrics: dict[str, Any]
+    hop_accuracy: dict[int, Optional[float]]
+
+
 def coevolution_step(step: int, references: list[tuple[int, str]], actors: Actors, cfg: CoevoConfig,
-                     seed: int, progress: Any = print, hops: PathLength | int | None = None) -> tuple[list[dict], dict]:
-    """Run one step of SPEC §2 and return (task-dump records, metrics).
+                     seed: int, progress: Any = print, hops: PathLength | int | None = None) -> StepOutcome:
+    """Run one step of docs/method.md §2 and return its `StepOutcome`.
 
     `hops`: this step's path length (the hop curriculum's level); None: `evidence.hops`.
     """
@@ -50,26 +61,29 @@ def coevolution_step(step: int, references: list[tuple[int, str]], actors: Actor
     progress(f"step {step}: {len(tasks)}/{len(cands)} tasks accepted; solving with G={cfg.solver.group_size}")
     todo = [Task(tid, c.question, c.answers, c.path.evidence_ids if c.path is not None else [], c.guide)
             for tid, c in tasks.items()]
+    clozes = extraction_mix.step_clozes(cfg, step)  # corpus clozes beside the tasks (solver.extraction_mix; off: none)
     with timer("solve"):
-        episodes, groups, accuracy = solve_tasks(todo, actors, cfg, seed + 2)
+        episodes, groups, accuracy = solve_tasks(todo + clozes.tasks, actors, cfg, seed + 2)
+    episodes, groups, mixed = clozes.apart(episodes, groups, accuracy)  # every figure below is the tasks' alone
     for task_id, cand in tasks.items():
         cand.accuracy = accuracy.get(task_id)
     assign_proposer_rewards(cands, cfg.proposer)
     with timer("update"):
-        updates = apply_updates(actors.trainable, role_batches(cfg, actors.trainable, cands, episodes, groups))
+        updates = apply_updates(actors.trainable, role_batches(cfg, actors.trainable, cands, episodes + mixed.episodes,
+                                                               groups + mixed.groups))
     timer.tokens["update"] = update_tokens(updates)
-    metrics = {**step_metrics(cands, episodes, groups, cfg.ranker.top_k), "update": updates,
-               "time_s": timer.seconds, "tokens": timer.tokens}
+    metrics = {**step_metrics(cands, episodes, groups, cfg.ranker.top_k), **clozes.metrics(mixed, cfg.ranker.top_k),
+               "update": updates, "time_s": timer.seconds, "tokens": timer.tokens}
     task_of = {id(c): t for t, c in tasks.items()}
     decode = actors.solver.tokenizer.decode  # the dump shows what the solver wrote and read
     records = [candidate_record(c, task_of.get(id(c)), [ep for ep in episodes if ep.task_id == task_of.get(id(c))],
-                                timer.seconds, decode) for c in cands]
-    return records, metrics
+                                timer.seconds, decode) for c in cands] + clozes.records(mixed, decode)
+    return StepOutcome(records, metrics, hop_accuracy([c for c in cands if c.accepted]))
 
 
 def propose_tasks(references: list[tuple[int, str]], actors: Actors, cfg: CoevoConfig, seed: int,
                   timer: StageTimer | None = None, hops: PathLength | int | None = None) -> list[Candidate]:
-    """SPEC §3.1-3.4: call 1 → target checks → evidence paths → call 2 → question checks.
+    """docs/method.md §3.1-3.4: call 1 → target checks → evidence paths → call 2 → question checks.
 
     Every candidate comes back with its verdicts; the accepted ones are the step's tasks.
     `hops`: the path length asked for (None: `evidence.hops`).
@@ -115,7 +129,8 @@ def solve_tasks(tasks: list[Task], actors: Actors, cfg: CoevoConfig,
 
 def role_batches(cfg: CoevoConfig, roles: Collection[str], cands: Sequence[Candidate], episodes: Sequence[Episode],
                  groups: Sequence[Sequence[RankerCall]]) -> dict[str, tuple[list[TrainSequence], dict[str, Any]]]:
-    """(GRPO batch, its group statistics) for each trainable role in `roles`.
+    """(GRPO batch, its group statistics as `update/<role>/...` keys: `GroupStats.to_metrics`) for each
+    trainable role in `roles`.
 
     With `ranker.share_backbone` there is no separate ranker policy: a trainable ranker's
     calls join the solver's batch (one update of the shared weights) and their statistics
@@ -123,15 +138,18 @@ def role_batches(cfg: CoevoConfig, roles: Collection[str], cands: Sequence[Candi
     """
     out: dict[str, tuple[list[TrainSequence], dict[str, Any]]] = {}
     if "proposer" in roles:
-        out["proposer"] = proposer_sequences(cands, cfg.proposer.scale_std, cfg.proposer.keep_zero_advantage)
+        batch, stats = proposer_sequences(cands, cfg.proposer.scale_std, cfg.proposer.keep_zero_advantage)
+        out["proposer"] = (batch, stats.to_metrics())
     if "solver" in roles:
-        batch, info = solver_sequences(episodes, cfg.solver.scale_std, cfg.solver.keep_zero_advantage)
+        batch, stats = solver_sequences(episodes, cfg.solver.scale_std, cfg.solver.keep_zero_advantage)
+        info = stats.to_metrics()
         if cfg.ranker.share_backbone and cfg.ranker.mode == "trainable":
-            ranker_batch, ranker_info = ranker_sequences(groups, cfg.ranker.scale_std, cfg.ranker.keep_zero_advantage)
-            batch, info = batch + ranker_batch, {**info, "ranker": ranker_info}
+            ranker_batch, ranker_stats = ranker_sequences(groups, cfg.ranker.scale_std, cfg.ranker.keep_zero_advantage)
+            batch, info = batch + ranker_batch, {**info, "ranker": ranker_stats.to_metrics()}
         out["solver"] = (batch, info)
     if "ranker" in roles:
-        out["ranker"] = ranker_sequences(groups, cfg.ranker.scale_std, cfg.ranker.keep_zero_advantage)
+        batch, stats = ranker_sequences(groups, cfg.ranker.scale_std, cfg.ranker.keep_zero_advantage)
+        out["ranker"] = (batch, stats.to_metrics())
     return out
 
 

@@ -1,4 +1,4 @@
-"""What a run writes for its user (SPEC §6): task dumps, metrics.jsonl, TensorBoard or W&B, config.
+"""What a run writes for its user (docs/method.md §6): task dumps, metrics.jsonl, TensorBoard or W&B, config.
 
 Task dumps are written whole and atomically per step; metrics.jsonl gets one line per step.
 On resume, lines and dumps of steps after the checkpoint are dropped (atomically), and the

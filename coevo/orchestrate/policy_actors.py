@@ -53,7 +53,10 @@ class PolicyWorker:
 
 
 class RemotePolicy:
-    """Driver-side stand-in for a `Policy`: same generation surface, work done in the actor."""
+    """Driver-side stand-in for a `Policy`: the same `RolePolicy` surface (coevo/core/types.py), work done in the actor.
+
+    `generate` is one hop to the actor: `PolicyWorker.generate` runs `Policy.generate` there.
+    """
 
     def __init__(self, actor: Any, cfg: PolicyConfig, role: str) -> None:
         from transformers import AutoTokenizer
@@ -64,10 +67,7 @@ class RemotePolicy:
         self.tokenizer = AutoTokenizer.from_pretrained(cfg.checkpoint or resolve_model_path(cfg.model))
 
     def chat_prompt_ids(self, messages: list[dict]) -> list[int]:
-        return self.chat_prompt_ids_batch([messages])[0]
-
-    def chat_prompt_ids_batch(self, messages_batch: list[list[dict]]) -> list[list[int]]:
-        return call(self.actor.chat_prompt_ids.remote(messages_batch), f"{self.role} prompt")
+        return call(self.actor.chat_prompt_ids.remote([messages]), f"{self.role} prompt")[0]
 
     def generate(self, prompts: list[list[int]], sampling: SamplingParams) -> list[list[Completion]]:
         return call(self.actor.generate.remote(prompts, sampling), f"{self.role} generate")

@@ -1,14 +1,13 @@
-"""Task-dump records and per-step metrics (SPEC §6) built from one step's results."""
+"""Task-dump records and per-step metrics (docs/method.md §6) built from one step's results."""
 from __future__ import annotations
 
 from collections import Counter
 from typing import Any, Callable, Optional, Sequence
 
-from coevo.core.scoring import echoes
 from coevo.core.stats import correctness_shares, mean
+from coevo.orchestrate.step_metrics import rollout_figures
 from proposer.pipeline import Candidate
 from solver.agent import Episode
-from solver.reward import hit_at_k, hit_cutoffs
 
 
 def candidate_record(cand: Candidate, task_id: Optional[str], episodes: Sequence[Episode],
@@ -27,32 +26,23 @@ def _rate(n: int, d: int) -> Optional[float]:
 
 def step_metrics(cands: Sequence[Candidate], episodes: Sequence[Episode], groups: Sequence[Sequence[Any]],
                  top_k: int) -> dict[str, Any]:
-    """Acceptance by stage, difficulty histogram, searches, rewards, ranker Hit@k, group sizes,
-    and what shows substance: echoed answers, answers in the observation, solve rates of accepted tasks."""
+    """Acceptance by stage, difficulty histogram, proposer reward, group shares, rejection rates and hops,
+    beside the solver and ranker figures every command writes alike (`step_metrics.rollout_figures`,
+    whose docstring states each key's population); `solver/accuracy` is the mean over accepted tasks."""
     n = len(cands)
     sampled = [ep for ep in episodes if not ep.guided]  # what the policy did: guided replays left out
     target_ok = sum(1 for c in cands if c.target_verdict.ok)
     with_path = sum(1 for c in cands if c.path is not None)
     accepted = [c for c in cands if c.accepted]
-    calls = [call for ep in episodes for call in ep.ranker_calls]
-    hits = {f"hit@{k}": mean([hit_at_k(c.ranked_relevant(), k) for c in calls if c.i_ans]) for k in hit_cutoffs(top_k)}
+    figures = rollout_figures(episodes, groups, top_k)
     return {
         "candidates": n, "accepted": len(accepted),
         "acceptance": {"target": _rate(target_ok, n), "path": _rate(with_path, n), "task": _rate(len(accepted), n)},
         "reasons": dict(Counter(c.reason for c in cands if not c.accepted)),
         "accuracy_hist": dict(Counter(f"{c.accuracy:.2f}" for c in accepted if c.accuracy is not None)),
-        "solver": {"mean_searches": mean([ep.n_searches for ep in sampled]),
-                   "format_valid": mean([float(ep.format_ok) for ep in sampled]),
-                   "accuracy": mean([c.accuracy for c in accepted if c.accuracy is not None]),
-                   "guided": sum(1 for ep in episodes if ep.guided),
-                   "guided_read": sum(1 for ep in episodes if ep.guided and ep.read_answer),  # the ones trained
-                   **answer_rates(sampled)},
-        "reward": {"proposer": mean([c.reward for c in cands if c.reward is not None]),
-                   "solver": mean([ep.reward for ep in episodes]),
-                   "ranker": mean([c.reward for c in calls if c.reward is not None])},
-        "ranker": {"calls": len(calls), "format_valid": mean([float(c.format_ok) for c in calls]),
-                   "i_ans": mean([float(c.i_ans) for c in calls]), **hits,
-                   "group_sizes": dict(Counter(len(g) for g in groups))},
+        "solver": {**figures["solver"], "accuracy": mean([c.accuracy for c in accepted if c.accuracy is not None])},
+        "reward": {"proposer": mean([c.reward for c in cands if c.reward is not None]), **figures["reward"]},
+        "ranker": figures["ranker"],
         "groups": solver_group_shares(sampled),  # guided replays are correct by construction
         "solve_rate": solve_rate_shares([c.accuracy for c in accepted if c.accuracy is not None]),
         "rejection": rejection_rates(cands),
@@ -61,27 +51,21 @@ def step_metrics(cands: Sequence[Candidate], episodes: Sequence[Episode], groups
     }
 
 
-def hop_metrics(accepted: Sequence[Candidate]) -> dict[str, dict[str, Any]]:
-    """Accepted tasks and their mean solver accuracy by path length (`hops/tasks/<k>`, `hops/accuracy/<k>`);
-    the hop curriculum reads the accuracies (coevo/orchestrate/hop_curriculum.py)."""
+def hop_accuracy(accepted: Sequence[Candidate]) -> dict[int, Optional[float]]:
+    """Mean solver accuracy of the accepted tasks by path length (hops -> accuracy; None: none scored):
+    what the hop curriculum is fed (`hop_curriculum.advance`), and what `hops/accuracy/<k>` logs."""
     by_hops: dict[int, list[Candidate]] = {}
     for cand in accepted:
         if cand.path is not None:
             by_hops.setdefault(len(cand.path), []).append(cand)
-    ks = sorted(by_hops)
-    return {"tasks": {str(k): len(by_hops[k]) for k in ks},
-            "accuracy": {str(k): mean([c.accuracy for c in by_hops[k] if c.accuracy is not None]) for k in ks}}
+    return {k: mean([c.accuracy for c in by_hops[k] if c.accuracy is not None]) for k in sorted(by_hops)}
 
 
-def answer_rates(episodes: Sequence[Episode]) -> dict[str, Optional[float]]:
-    """`echo_rate`: share of well-formed answers that repeat the question or one of the rollout's own
-    queries (`coevo.core.scoring.echoes`; measured whether or not `solver.reward.echo_guard` is on);
-    `answer_in_observation`: share of rollouts shown a passage holding a gold answer (`read_answer`),
-    the ceiling of their accuracy."""
-    answered = [ep for ep in episodes if ep.format_ok and ep.answer is not None]
-    echoed = sum(1 for ep in answered if echoes(ep.answer, [ep.task.question, *ep.sub_queries]))
-    seen = sum(1 for ep in episodes if ep.read_answer)
-    return {"echo_rate": _rate(echoed, len(answered)), "answer_in_observation": _rate(seen, len(episodes))}
+def hop_metrics(accepted: Sequence[Candidate]) -> dict[str, dict[str, Any]]:
+    """Accepted tasks and their mean solver accuracy by path length (`hops/tasks/<k>`, `hops/accuracy/<k>`)."""
+    counts = Counter(len(c.path) for c in accepted if c.path is not None)
+    return {"tasks": {str(k): counts[k] for k in sorted(counts)},
+            "accuracy": {str(k): acc for k, acc in hop_accuracy(accepted).items()}}
 
 
 def solve_rate_shares(accuracies: Sequence[float]) -> dict[str, Optional[float]]:

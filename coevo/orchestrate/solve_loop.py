@@ -1,4 +1,4 @@
-"""`python -m coevo.solve`: CoSearch training of solver + ranker on labelled questions (SPEC §4).
+"""`python -m coevo.solve`: CoSearch training of solver + ranker on labelled questions (docs/method.md §4).
 
 No proposer here: tasks are labelled questions (JSONL with `question`, `answers`, optional
 `id` and `gold_ids`). One step reads top to bottom in `solve_step`:
@@ -22,7 +22,6 @@ from __future__ import annotations
 import logging
 import random
 import time
-from collections import Counter
 from pathlib import Path
 from typing import Any, Iterator, Optional
 
@@ -31,20 +30,19 @@ from omegaconf import DictConfig
 
 from coevo.core.config import SolveRootConfig, to_object
 from coevo.core.console import say
-from coevo.core.events import READY, STEP, emit
+from coevo.core.events import BEGIN, READY, STEP, emit
 from coevo.core.inputs import load_labelled_questions
 from coevo.core.progress import StepBar
-from coevo.core.scoring import exact_match, f1
-from coevo.core.stats import mean
 from coevo.core.stopping import uninterrupted
 from coevo.orchestrate.actors import create_local_actors
 from coevo.orchestrate.loop import apply_updates, role_batches, solve_tasks, step_seed
 from coevo.orchestrate.outputs import MetricsLog, step_headline
-from coevo.orchestrate.persist import checkpoint_due, open_metrics, open_run, restore, save_period, save_step
+from coevo.orchestrate.persist import checkpoint_due, open_metrics, restore, save_period, save_step
+from coevo.orchestrate.startup_checks import open_run
+from coevo.orchestrate.step_metrics import rollout_figures
 from coevo.orchestrate.timing import StageTimer, breakdown_line, update_tokens
 from solver.agent import Episode, Task
 from solver.ranker import RankerCall
-from solver.reward import relevance_reward
 from solver.training import episodes_by_task
 
 LOG = logging.getLogger("coevo.solve")
@@ -85,44 +83,11 @@ def question_batches(tasks: list[Task], batch: int, steps: int, seed: int = 0, s
         yield [tasks[order[(cursor + i * size + j) % len(order)]] for j in range(size)]
 
 
-def _mean(values: list[float]) -> Optional[float]:
-    m = mean(values)  # solve metrics keep 4 digits; the co-evolution run's keep all
-    return None if m is None else round(m, 4)
-
-
 def rollout_metrics(episodes: list[Episode], groups: list[list[RankerCall]], top_k: int) -> dict[str, Any]:
-    """Solver and ranker figures of one episode batch, nested like the co-evolution metrics.
-
-    EM and F1 are always reported, whatever correctness the reward uses. The solver's figures are
-    of its sampled rollouts: guided replays (`solver.guided_rollouts`) answer the gold by
-    construction and are counted apart (`guided`, and `guided_read`: those whose searches showed
-    the answer, the ones that train), as in the co-evolution metrics.
-    """
-    calls = [c for ep in episodes for c in ep.ranker_calls]
-    generated = [c for c in calls if c.generated]
-    sampled = [ep for ep in episodes if not ep.guided]
-    golds = [(ep.answer or "", ep.task.answers) for ep in sampled]
-    return {
-        "questions": len(episodes_by_task(episodes)), "episodes": len(episodes),
-        "solver": {"format_valid": _mean([float(ep.format_ok) for ep in sampled]),
-                   "em": _mean([exact_match(a, g) if a else 0.0 for a, g in golds]),
-                   "f1": _mean([f1(a, g) if a else 0.0 for a, g in golds]),
-                   "mean_searches": _mean([float(ep.n_searches) for ep in sampled]),
-                   "gen_tokens": sum(ep.n_generated for ep in episodes),
-                   "end_reasons": dict(sorted(Counter(ep.end_reason for ep in sampled).items())),
-                   "guided": len(episodes) - len(sampled),
-                   "guided_read": sum(1 for ep in episodes if ep.guided and ep.read_answer)},
-        "reward": {"solver": _mean([ep.reward for ep in sampled]),
-                   "ranker": _mean([c.reward for c in generated if c.reward is not None])},
-        "ranker": {"calls": len(calls), "generated": len(generated),
-                   "format_valid": _mean([float(c.format_ok) for c in generated]),
-                   "i_ans": _mean([float(c.i_ans) for c in calls]),
-                   "r_rel": _mean([relevance_reward(c.ranked_relevant(), top_k) for c in calls]),
-                   "gen_tokens": sum(len(c.completion_ids) for c in generated),
-                   "groups": len(groups),
-                   "grouped_share": _mean([float(c.group_id is not None) for c in generated]),
-                   "group_size": _mean([float(len(g)) for g in groups])},
-    }
+    """The step's question and episode counts, then the solver, reward and ranker blocks every command
+    writes alike (`coevo.orchestrate.step_metrics.rollout_figures`: each key's population stated there)."""
+    return {"questions": len(episodes_by_task(episodes)), "episodes": len(episodes),
+            **rollout_figures(episodes, groups, top_k)}
 
 
 def solve_step(actors: Any, tasks: list[Task], cfg: SolveRootConfig, seed: int, train: bool = True) -> dict[str, Any]:
@@ -175,6 +140,7 @@ def _solve_steps(cfg: SolveRootConfig, actors: Any, tasks: list[Task], metrics: 
     with StepBar("coevo.solve", cfg.solve.steps, start) as bar:
         for step, batch in zip(range(start, cfg.solve.steps), batches):
             t0 = time.perf_counter()
+            emit(cfg.run.dir, BEGIN, step=step)
             m = solve_step(actors, batch, cfg, step_seed(cfg.seed, step), cfg.solve.train)
             cursor += len(batch)
             written = time.perf_counter()

@@ -16,7 +16,7 @@ from evidence.retrieval import build_retriever
 
 def model_roles(cfg: CoevoConfig, proposer: bool = True, ranker: bool = True) -> tuple[str, ...]:
     """The roles whose models a command loads: the ranker's only in modes trainable and frozen."""
-    ranked = ranker and cfg.ranker.mode in ("trainable", "frozen")
+    ranked = ranker and cfg.ranker.has_model
     return ("proposer",) * proposer + ("solver",) + ("ranker",) * ranked
 
 

@@ -20,7 +20,7 @@ from dataclasses import dataclass, field
 from typing import Any, Iterator, Mapping, Optional
 
 from coevo.core.stages import stage as published_stage
-from coevo.core.types import Completion, SamplingParams
+from coevo.core.types import Completion, Generator, SamplingParams
 
 GENERATION = ("prefill", "decode")
 
@@ -67,7 +67,7 @@ class MeteredPolicy:
     Every other attribute is the policy's own (tokenizer, chat_prompt_ids, cfg, frozen, ...).
     """
 
-    def __init__(self, policy: Any, timer: StageTimer) -> None:
+    def __init__(self, policy: Generator, timer: StageTimer) -> None:
         self.policy, self.timer = policy, timer
 
     def __getattr__(self, name: str) -> Any:

@@ -29,7 +29,7 @@ def loss_token_counts(batch: list[TrainSequence]) -> list[int]:
     """Per sequence of `batch` (each checked by `check_sequence`), its loss-masked tokens that train.
 
     Position 0 never trains (no token predicts it). The sum is the update's `n_tokens`: the
-    denominator of every micro-batch loss (SPEC §5.1's token-level mean over the whole batch).
+    denominator of every micro-batch loss (docs/method.md §5.1's token-level mean over the whole batch).
     """
     for s in batch:
         check_sequence(s)

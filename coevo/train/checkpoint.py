@@ -1,4 +1,4 @@
-"""Checkpoints and resume (SPEC §5.3).
+"""Checkpoints and resume (docs/method.md §5.3).
 
 `<run_dir>/checkpoints/step_<n>/` holds one directory per trainable policy (written by its
 actor, optimizer state included: an HF model directory + `optimizer.pt`, or a sharded role's

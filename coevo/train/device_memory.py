@@ -1,4 +1,4 @@
-"""What a policy holds on its device at start-up, and when the device's cached memory goes back (SPEC §5.2).
+"""What a policy holds on its device at start-up, and when the device's cached memory goes back (docs/method.md §5.2).
 
 Two rules every policy (coevo/train/policy.py, coevo/train/sharded.py) and engine (engines/vllm.py) follow:
 - **No second full-precision copy on the device.** A never-stepped copy of the weights (the KL reference,

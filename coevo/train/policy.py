@@ -1,9 +1,9 @@
-"""One trainable (or frozen) policy: model, reference copy, optimizer, generation engine (SPEC §5).
+"""One trainable (or frozen) policy: model, reference copy, optimizer, generation engine (docs/method.md §5).
 
 `Policy.update` runs GRPO on sequences whose `loss_mask` marks the policy's own tokens:
 - every ppo epoch is one optimizer step over the whole batch (gradients are accumulated over
   micro-batches of `micro_batch_size` sequences, each micro-batch loss divided by the token
-  count of the *whole* batch, so the step sees the exact token-level mean of SPEC §5.1);
+  count of the *whole* batch, so the step sees the exact token-level mean of docs/method.md §5.1);
 - the model stays in eval mode throughout: RL ratios must compare the same deterministic
   function that generated the tokens, so dropout stays off while gradients still flow;
 - log-probs are those of the raw model (no temperature), matching `HFEngine` logprobs;

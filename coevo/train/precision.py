@@ -1,4 +1,5 @@
-"""Precision of a policy (SPEC §5.2): fp32 master weights and optimizer state, bf16 compute where the hardware has it.
+"""Precision of a policy (docs/method.md §5.2): fp32 master weights and optimizer state, bf16 compute where the
+hardware has it.
 
 A trainable policy must hold fp32 weights: at the paper's lr 1e-6 an AdamW step moves each
 weight by about 1e-6, below half a bf16 step for all but the smallest weights (bf16 keeps 8

@@ -1,4 +1,4 @@
-"""One policy sharded over the ranks of a torch.distributed process group with FSDP2 (SPEC §5.1-5.2).
+"""One policy sharded over the ranks of a torch.distributed process group with FSDP2 (docs/method.md §5.1-5.2).
 
 `ShardedPolicy` runs on every rank of an initialised process group (gloo on CPU, NCCL on CUDA),
 each rank built from the same weights; it offers `Policy`'s `generate` / `update` / `save` /
@@ -10,7 +10,7 @@ Choices a caller may rely on:
   stepped). Weights, gradients and AdamW state are fp32 shards (1/world each);
 - precision: on CUDA with bf16 (`<role>.bf16_autocast`) FSDP2 gathers bf16 weights
   (`MixedPrecisionPolicy(param_dtype=bfloat16, reduce_dtype=float32)`); on the CPU, plain fp32;
-- the §5.1 mean stays exact: every rank gets the whole batch, keeps the part `split_by_tokens`
+- the docs/method.md §5.1 mean stays exact: every rank gets the whole batch, keeps the part `split_by_tokens`
   gives it (balanced by loss-token count, deterministic), and divides each micro-batch loss by
   the loss-token count of the WHOLE batch (the local counts are all-reduced and must add up to
   it). Gradients are SUMMED over ranks (FSDP's default divides by the world size: turned off),
@@ -123,10 +123,14 @@ def block_sampling(sampling: SamplingParams, start: int) -> SamplingParams:
 
 
 def shard_count(cfg: PolicyConfig, role: str) -> int:
-    """The ranks a role is sharded over: `num_gpus` when above 1 (a whole number, checked shardable), else 0."""
-    n = float(cfg.num_gpus)
+    """The ranks a role is sharded over: `num_gpus` when above 1 (a whole number), else `cpu_ranks` when above 1
+    (CPU processes meeting over gloo), else 0; checked shardable."""
+    n, cpu = float(cfg.num_gpus), int(cfg.cpu_ranks)
+    if cpu > 1 and n > 0:
+        raise ValueError(f"config key {role}.cpu_ranks={cpu} with {role}.num_gpus={n:g}: CPU ranks are for a role "
+                         f"without GPUs; expected {role}.cpu_ranks=0 or {role}.num_gpus=0")
     if n <= 1:
-        return 0
+        return check_shardable(cfg, role) or cpu if cpu > 1 else 0
     if n != int(n):
         raise ValueError(f"config key {role}.num_gpus={n:g}: above 1 a role is sharded over whole GPUs; expected an "
                          "integer")

@@ -1,4 +1,4 @@
-"""A policy's checkpoint formats and their readers (SPEC §5.3): the full one and a sharded role's.
+"""A policy's checkpoint formats and their readers (docs/method.md §5.3): the full one and a sharded role's.
 
 - full (`Policy.save`, coevo/train/policy.py): an HF model directory + `optimizer.pt` (torch's
   optimizer state_dict, keyed by parameter index);

@@ -1,10 +1,15 @@
 """bench/learning.py's pure parts: per-step series from a hand-made run dir, the eval summary,
-the eval's checkpoint overrides, the subprocess runner and the plot (no model is loaded)."""
+the eval's checkpoint overrides, the subprocess runner, the plot, and bench/learning_stats.py's
+pooled / paired / in-run figures against hand-computed values (no model is loaded)."""
 import json
+import math
 import sys
 from pathlib import Path
+from statistics import NormalDist
 
-from bench import learning
+import pytest
+
+from bench import learning, learning_stats
 
 
 def _path(hops: int) -> dict:
@@ -98,7 +103,8 @@ def test_eval_summary_reads_the_macro_average():
                                                           "mean_searches": 1.5}}}
     assert learning.eval_summary(result) == {"em": 0.25, "f1": 0.5, "cover_em": 0.375, "format_failure": 0.75,
                                              "searches": 1.5, "n": 7,
-                                             "per_dataset": {"nq": {"em": 1.0, "f1": None, "n": None}}}
+                                             "per_dataset": {"nq": {"em": 1.0, "f1": None, "n": None}},
+                                             "pooled": None}  # no predictions: nothing to pool
 
 
 def test_eval_overrides_name_the_latest_checkpoint(tmp_path):
@@ -134,3 +140,141 @@ def test_plot_writes_a_png_with_a_missing_arm(tmp_path):
     series = learning.extract_series(*reversed(learning.load_run(tmp_path / "run")))
     learning.plot({"trained": {"series": series}}, tmp_path / "curves.png")
     assert (tmp_path / "curves.png").read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
+
+
+# ---- pooled and paired figures --------------------------------------------------------------
+
+def _wilson_by_hand(k: int, n: int) -> list[float]:
+    """The Wilson score interval written out: (p + z²/2n ± z·sqrt(p(1-p)/n + z²/4n²)) / (1 + z²/n)."""
+    z = NormalDist().inv_cdf(0.975)
+    p = k / n
+    centre = (p + z * z / (2 * n)) / (1 + z * z / n)
+    half = z * math.sqrt(p * (1 - p) / n + z * z / (4 * n * n)) / (1 + z * z / n)
+    return [centre - half, centre + half]
+
+
+def _eval_result(right_ids: set[int], ids=range(1, 11), dataset: str = "nq") -> dict:
+    return {"predictions": [{"id": f"q{i}", "dataset": dataset, "em": 1.0 if i in right_ids else 0.0}
+                            for i in ids]}
+
+
+def test_paired_report_on_hand_made_results():
+    trained = learning_stats.question_results(_eval_result({1, 2, 3, 4, 5, 6}), "trained.json")
+    control = learning_stats.question_results(_eval_result({1, 2, 7}), "control.json")
+    report = learning_stats.paired_report(trained, control)
+    assert (report["questions"], report["both_right"], report["trained_only"], report["control_only"],
+            report["neither"]) == (10, 2, 4, 1, 3)
+    # exact McNemar on 4 vs 1 discordant: two-sided binomial at 1/2, 2 * (C(5,4) + C(5,5)) / 2^5
+    assert report["mcnemar_p"] == pytest.approx(2 * (5 + 1) / 32) == pytest.approx(0.375)
+    assert report["trained"]["right"] == 6 and report["trained"]["scored"] == 10 and report["trained"]["share"] == 0.6
+    assert report["control"]["right"] == 3 and report["control"]["share"] == 0.3
+    assert report["trained"]["wilson_95"] == pytest.approx(_wilson_by_hand(6, 10), abs=1e-9)
+    assert report["control"]["wilson_95"] == pytest.approx(_wilson_by_hand(3, 10), abs=1e-9)
+    same = learning_stats.paired_report(trained, trained)
+    assert same["mcnemar_p"] is None and same["trained_only"] == same["control_only"] == 0  # nothing discordant
+
+
+def test_pairing_different_question_sets_is_refused():
+    trained = learning_stats.question_results(_eval_result({1}), "a.json")
+    control = learning_stats.question_results(_eval_result({1}, ids=range(2, 12)), "b.json")
+    with pytest.raises(ValueError, match=r"cannot pair a\.json \(10 questions\) with b\.json .*different question"):
+        learning_stats.paired_report(trained, control, ("a.json", "b.json"))
+    # the same ids in another dataset are other questions
+    other = learning_stats.question_results(_eval_result({1}, dataset="popqa"), "c.json")
+    with pytest.raises(ValueError, match="different question sets"):
+        learning_stats.paired_report(trained, other)
+    twice = {"predictions": _eval_result({1})["predictions"] * 2}
+    with pytest.raises(ValueError, match=r"d\.json: question 'q1' of dataset 'nq' appears twice"):
+        learning_stats.question_results(twice, "d.json")
+
+
+def test_fisher_exact_on_hand_made_counts():
+    # 3 / 4 against 0 / 4: hypergeometric P(x) = C(3,x) C(5,4-x) / C(8,4) = 5, 30, 30, 5 (/70) for x = 0..3;
+    # two-sided: the tables as unlikely as the observed x = 3 are x = 0 and x = 3
+    assert learning_stats.fisher_p(3, 4, 0, 4) == pytest.approx(10 / 70)
+    assert learning_stats.fisher_p(3, 4, 0, 0) is None
+
+
+def test_quarters_are_fixed_by_the_step_count():
+    assert learning_stats.quarter_blocks(10) == [[0, 1, 2], [3, 4, 5], [6, 7], [8, 9]]
+    assert learning_stats.quarter_blocks(8) == [[0, 1], [2, 3], [4, 5], [6, 7]]
+    assert learning_stats.quarter_blocks(3) == [[0], [1], [2], []]
+
+
+def test_cluster_bootstrap_is_seeded_and_holds_the_point_estimate():
+    counts = [(1, 4), (0, 4), (2, 4), (0, 4), (3, 4), (0, 2)]
+    lo, hi = learning_stats.cluster_bootstrap(counts, seed=0)
+    assert 0.0 <= lo < 6 / 22 < hi <= 1.0
+    assert learning_stats.cluster_bootstrap(counts, seed=0) == [lo, hi]
+    # two tasks, 2 / 2 and 0 / 2: a resample draws both (share 1/2), the first twice (1) or the second twice (0),
+    # each of the last two with probability 1/4, far more than the 2.5 % in each tail
+    assert learning_stats.cluster_bootstrap([(2, 2), (0, 2)], seed=0) == [0.0, 1.0]
+    # every task at the same share: every resample has it, so the interval is that point
+    assert learning_stats.cluster_bootstrap([(1, 2), (2, 4)], seed=3) == [0.5, 0.5]
+    assert learning_stats.cluster_bootstrap([], seed=0) is None
+
+
+def test_task_counts_pool_the_sampled_rollouts_of_accepted_tasks():
+    guided = {"guided": True, "correctness": 1.0}
+    records = [{"step": 0, "accepted": True, "accuracy": 0.5, "rollouts": [{}, {}, {}, {}, guided]},
+               {"step": 0, "accepted": False, "accuracy": None, "rollouts": []},
+               {"step": 1, "accepted": True, "accuracy": 0.25, "rollouts": [{}, {}, {}, {}]},
+               {"step": 1, "accepted": True, "accuracy": None, "rollouts": [{}, {}]},  # unscored: left out
+               {"step": 2, "accepted": True, "accuracy": 1.0, "rollouts": [{}, {}]}]
+    assert learning_stats.task_counts(records) == [(0, 2, 4), (1, 1, 4), (2, 2, 2)]
+    assert learning_stats.task_counts(records, steps=[0, 1]) == [(0, 2, 4), (1, 1, 4)]
+
+
+def test_in_run_report_on_hand_made_counts():
+    trained = [(0, 1, 4), (3, 2, 4), (9, 1, 2)]
+    control = [(0, 0, 4), (5, 0, 4)]
+    report = learning_stats.in_run_report(trained, control, steps=10, seed=0)
+    assert {k: report["trained"][k] for k in ("right", "sampled", "tasks", "share")} == {
+        "right": 4, "sampled": 10, "tasks": 3, "share": 0.4}
+    assert report["control"]["right"] == 0 and report["control"]["sampled"] == 8
+    assert report["trained"]["wilson_95"] == pytest.approx(_wilson_by_hand(4, 10), abs=1e-9)
+    lo, hi = report["trained"]["bootstrap_95"]
+    assert lo <= 0.4 <= hi
+    # [[4, 6], [0, 8]]: P(x) = C(4,x) C(14,10-x) / C(18,10); two-sided over the x at most as likely as x = 4
+    probs = [math.comb(4, x) * math.comb(14, 10 - x) / math.comb(18, 10) for x in range(5)]
+    assert report["fisher_p"] == pytest.approx(sum(p for p in probs if p <= probs[4] * (1 + 1e-9)))
+    quarters = report["quarters"]
+    assert [q["steps"] for q in quarters] == [[0, 1, 2], [3, 4, 5], [6, 7], [8, 9]]
+    assert [(q["trained"]["right"], q["trained"]["scored"]) for q in quarters] == [(1, 4), (2, 4), (0, 0), (1, 2)]
+    assert [(q["control"]["right"], q["control"]["scored"]) for q in quarters] == [(0, 4), (0, 4), (0, 0), (0, 0)]
+    assert quarters[2]["fisher_p"] is None and quarters[3]["fisher_p"] is None  # an arm sampled nothing there
+    # quarter 2, [[2, 2], [0, 4]]: P(x) = C(2,x) C(6,4-x) / C(8,4) = 15, 40, 15 (/70); x = 0 and x = 2 count
+    assert quarters[1]["fisher_p"] == pytest.approx(30 / 70)
+
+
+def test_paired_blocks_read_the_eval_files(tmp_path):
+    arms = {}
+    for arm, right in (("trained", {1, 2, 3, 4, 5, 6}), ("control", {1, 2, 7})):
+        (tmp_path / f"{arm}.json").write_text(json.dumps(_eval_result(right)))
+        arms[arm] = {"eval": {"file": str(tmp_path / f"{arm}.json"), "error": None},
+                     "eval_no_ranker": {"file": str(tmp_path / f"{arm}.json"), "error": None}}
+    arms["control"]["eval"] = {"error": "coevo.eval exited with code 1: boom"}
+    blocks = learning_stats.paired_blocks(arms, "frozen")
+    assert blocks["no_ranker"]["ranker_mode"] == "none" and blocks["no_ranker"]["error"] is None
+    assert blocks["no_ranker"]["mcnemar_p"] == pytest.approx(0.375)
+    assert blocks["own_ranker"] == {"ranker_mode": "frozen",
+                                    "error": "the control arm's `eval` has no result to pair "
+                                             "(coevo.eval exited with code 1: boom)"}
+    summary = learning.eval_summary({"metrics": {}, **_eval_result({1, 2, 3})})
+    assert summary["pooled"]["right"] == 3 and summary["pooled"]["scored"] == 10
+
+
+def test_in_run_block_pools_the_finished_steps_of_both_run_dirs(tmp_path):
+    for arm, accuracy in (("trained", 0.5), ("control", 0.0)):
+        run_dir = tmp_path / arm
+        (run_dir / "tasks").mkdir(parents=True)
+        for step in (0, 1, 2):  # step 2 has a dump but no metrics line: not finished, not counted
+            task = {"accepted": True, "accuracy": accuracy, "reason": "accepted", "rollouts": [{}, {}]}
+            (run_dir / "tasks" / f"step_{step}.jsonl").write_text(json.dumps(task) + "\n")
+        (run_dir / "metrics.jsonl").write_text('{"step": 0}\n{"step": 1}\n')
+    block = learning_stats.in_run_block({arm: {"run_dir": str(tmp_path / arm)} for arm in ("trained", "control")},
+                                        steps=2, seed=0)
+    assert (block["trained"]["right"], block["trained"]["sampled"], block["control"]["right"]) == (2, 4, 0)
+    assert block["error"] is None and [q["steps"] for q in block["quarters"]] == [[0], [1], [], []]
+    missing = learning_stats.in_run_block({"trained": {"run_dir": str(tmp_path / "nowhere")}}, steps=2, seed=0)
+    assert set(missing) == {"error"} and "nowhere" in missing["error"]

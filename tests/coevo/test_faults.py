@@ -1,4 +1,4 @@
-"""Fault injection for issue 14: each case a user hit (reused and shared run dirs, damaged
+"""Fault injection, unit level: each case a user hit (reused and shared run dirs, damaged
 checkpoints, leftovers of killed runs, out-of-range configs, Ctrl-C/SIGTERM), reproduced on
 the functions that now refuse or repair it. End-to-end runs: tests/coevo/test_faults_e2e.py.
 """
@@ -30,7 +30,8 @@ from coevo.core.rundir import (
 )
 from coevo.core.stopping import Stopped, stop_on_signals, uninterrupted
 from coevo.orchestrate.outputs import MetricsLog, read_jsonl
-from coevo.orchestrate.persist import dry_run_checks, stopped_advice
+from coevo.orchestrate.persist import stopped_advice
+from coevo.orchestrate.startup_checks import dry_run_checks
 from coevo.train.checkpoint import (
     MARKER,
     drop_checkpoints_after,

@@ -1,4 +1,4 @@
-"""Fault injection through `python -m coevo.run` (issue 14): tiny models, `ray.local=true`
+"""Fault injection, end to end through `python -m coevo.run`: tiny models, `ray.local=true`
 (except the one check of Ray's signal handling). Unit-level cases: tests/coevo/test_faults.py.
 """
 import json

@@ -102,6 +102,14 @@ def test_no_import_cycles() -> None:
     assert cycles == [], f"import cycles: {cycles}"
 
 
+def test_the_train_layer_imports_no_role_package() -> None:
+    """coevo.train serves every role alike: what it needs of a role's config is derived in coevo.core."""
+    graph = import_graph()
+    reaching = sorted(f"{src} imports {dst}" for src, dst in graph.edges
+                      if layer_of(src)[0] == "coevo.train" and layer_of(dst)[0] in ROLES)
+    assert reaching == []
+
+
 def test_the_checker_catches_upward_and_cyclic_imports() -> None:
     graph = nx.DiGraph([("coevo.core.io", "coevo.train.policy"), ("solver.agent", "evidence.corpus"),
                         ("evidence.a", "evidence.b"), ("evidence.b", "evidence.a"), ("coevo.run", "coevo.core.io")])

@@ -1,4 +1,4 @@
-"""Engines die with their run (issue 17): kill the driver of a real vLLM run, and within 30 s no
+"""Engines die with their run: kill the driver of a real vLLM run, and within 30 s no
 process it started is left (vLLM EngineCore and Worker, Ray's raylet, GCS and workers, the reapers),
 and the engines' tmpfs staging directories are gone.
 

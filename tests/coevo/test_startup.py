@@ -21,7 +21,7 @@ from coevo import startup
 from coevo.core.cli import hydra_entry
 from coevo.core.config import compose, to_object
 from coevo.evaluate.harness import to_eval_object
-from coevo.orchestrate import persist
+from coevo.orchestrate import startup_checks
 from coevo.train.memory import MemoryBudgetError
 from coevo.train.preflight import PreflightError
 
@@ -144,7 +144,7 @@ def test_start_checks_before_the_plan_or_the_run(dry_run, owns_run_dir, expected
 
 @pytest.mark.parametrize("error, code, line", [
     (PreflightError("the solver model cannot be loaded"), 2, "coevo.x: error: the solver model cannot be loaded"),
-    (MemoryBudgetError("estimated peak 9 GiB"), "estimated peak 9 GiB", None),  # sys.exit(message): exit 1
+    (MemoryBudgetError("estimated peak 9 GiB"), 1, "estimated peak 9 GiB"),
 ])
 def test_a_failed_check_ends_the_dry_run_as_the_real_run(error, code, line, monkeypatch, capsys):
     calls: list[str] = []
@@ -155,8 +155,7 @@ def test_a_failed_check_ends_the_dry_run_as_the_real_run(error, code, line, monk
     with pytest.raises(SystemExit) as stop:
         startup.start(_fake_command(calls, True, error), cfg)
     assert stop.value.code == code and calls == ["checks"]
-    if line is not None:
-        assert capsys.readouterr().err.splitlines() == [line]
+    assert capsys.readouterr().err.splitlines() == [line]
 
 
 def test_an_invalid_config_is_one_error_line(monkeypatch, capsys):
@@ -186,22 +185,23 @@ def _record_checks(monkeypatch: pytest.MonkeyPatch, module: Any, calls: list[tup
 def test_the_dry_run_makes_the_checks_of_the_real_run_in_its_order(with_proposer, tmp_path, monkeypatch):
     dcfg = compose(["experiment=smoke", f"run.dir={tmp_path / 'run'}"])
     cfg = to_object(dcfg)
-    monkeypatch.setattr(persist, "setup_logging", lambda *a: None)  # no run.log, no log variables left set
+    monkeypatch.setattr(startup_checks, "setup_logging", lambda *a: None)  # no run.log, no log variables left set
     dry: list[tuple[str, bool]] = []
-    _record_checks(monkeypatch, persist, dry)
-    persist.dry_run_checks(cfg, with_proposer)  # before the real run: it leaves run.dir holding a run
+    _record_checks(monkeypatch, startup_checks, dry)
+    startup_checks.dry_run_checks(cfg, with_proposer)  # before the real run: it leaves run.dir holding a run
     real: list[tuple[str, bool]] = []
-    _record_checks(monkeypatch, persist, real)
-    with persist.open_run("coevo.x", cfg, dcfg, with_proposer=with_proposer):
+    _record_checks(monkeypatch, startup_checks, real)
+    with startup_checks.open_run("coevo.x", cfg, dcfg, with_proposer=with_proposer):
         pass
     assert real == [(name, with_proposer) for name in CHECKS]
-    assert dry == real and run_cmd.COMMAND.checks is persist.dry_run_checks  # the dry run makes these very checks
+    # the dry run makes these very checks
+    assert dry == real and run_cmd.COMMAND.checks is startup_checks.dry_run_checks
 
 
 def test_each_entry_point_starts_through_startup():
     assert (run_cmd.COMMAND.prog, run_cmd.COMMAND.owns_run_dir) == ("coevo.run", True)
     assert (solve_cmd.COMMAND.prog, solve_cmd.COMMAND.owns_run_dir) == ("coevo.solve", True)
     assert (eval_cmd.COMMAND.prog, eval_cmd.COMMAND.owns_run_dir) == ("coevo.eval", False)
-    assert run_cmd.COMMAND.checks is persist.dry_run_checks and eval_cmd.COMMAND.validate is to_eval_object
+    assert run_cmd.COMMAND.checks is startup_checks.dry_run_checks and eval_cmd.COMMAND.validate is to_eval_object
     cfg = to_object(compose(["experiment=smoke"]))
     assert run_cmd.COMMAND.roles(cfg) == ("proposer", "solver", "ranker")

@@ -1,4 +1,4 @@
-"""Bridges that generalise (issue 13): the passage topic inside its own passage, and answers
+"""Bridges that generalise: the passage topic inside its own passage, and answers
 that are no entity node. The passages are hand-written; expected mentions and edges are what
 a reader of each sentence would say, not what the code happened to produce."""
 from __future__ import annotations

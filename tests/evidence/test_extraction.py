@@ -2,6 +2,9 @@
 from __future__ import annotations
 
 import json
+import os
+import subprocess
+import sys
 
 import pytest
 
@@ -9,7 +12,7 @@ from coevo.core.inputs import InputError
 from coevo.core.scoring import echoes
 from coevo.orchestrate.solve_loop import load_tasks
 from evidence.corpus import Corpus, Passage
-from evidence.extraction import cloze_of, extraction_tasks, write_tasks
+from evidence.extraction import HELDOUT, TRAIN, PageSplit, cloze_of, extraction_tasks, page_split, write_tasks
 from evidence.hits import Hit
 from evidence.mentions import Mention, PassageAnnotation, SentenceAnnotation
 
@@ -89,7 +92,8 @@ def test_tasks_keep_only_retrievable_clozes_and_count_every_rejection():
     assert reasons == {"no_sentence": 2, "not_retrievable": 1}
     question = 'Which name fills the blank in "Nashville is the capital of ___."?'
     assert records == [{"id": "extraction-0", "question": question,
-                        "answers": ["Tennessee"], "guide": ["Nashville"], "gold_ids": ["p0"], "dataset": "extraction"}]
+                        "answers": ["Tennessee"], "guide": ["Nashville"], "gold_ids": ["p0"], "dataset": "extraction",
+                        "page": "Nashville"}]
 
 
 def test_tasks_stop_at_n_and_repeat_under_one_seed():
@@ -98,6 +102,56 @@ def test_tasks_stop_at_n_and_repeat_under_one_seed():
     first = extraction_tasks(corpus, retriever, index, n=1, k=2, seed=3)[0]
     assert len(first) == 1 and first == extraction_tasks(corpus, retriever, index, n=1, k=2, seed=3)[0]
     assert len(extraction_tasks(corpus, retriever, index, n=5, k=2)[0]) == 2
+
+
+# sha256 fractions (first 8 bytes / 2**64), by hand: Nashville 0.933, Warsaw 0.177, Filler A 0.556, Filler B 0.127,
+# Music City 0.720. At a held-out share of 0.2, Warsaw and Filler B are held out, the others train.
+def test_a_page_split_holds_its_share_and_gives_a_title_one_split():
+    titles = [f"Page {i}" for i in range(4000)]
+    first = {t: page_split(t, 0.2) for t in titles}
+    assert set(first.values()) == {TRAIN, HELDOUT}
+    assert all(page_split(t, 0.2) == first[t] for t in titles)  # the same page, the same split
+    assert abs(sum(v == HELDOUT for v in first.values()) / len(titles) - 0.2) < 0.03  # 4.7 sd of a binomial
+    assert [page_split(t, 0.2) for t in ("Nashville", "Warsaw", "Filler A", "Filler B", " Warsaw ")] == \
+        [TRAIN, HELDOUT, TRAIN, HELDOUT, HELDOUT]
+    assert page_split("Warsaw", 0.17) == TRAIN and page_split("Nashville", 0.94) == HELDOUT
+
+
+def test_the_page_split_is_the_same_in_another_process():
+    titles = ["Nashville", "Warsaw", "Filler A", "Filler B", "Zürich", *[f"Page {i}" for i in range(200)]]
+    code = ("import json, sys; from evidence.extraction import page_split; "
+            "print(json.dumps([page_split(t, 0.2) for t in json.loads(sys.argv[1])]))")
+    env = {**os.environ, "PYTHONHASHSEED": "12345"}  # Python's own str hash differs under another seed
+    out = subprocess.run([sys.executable, "-c", code, json.dumps(titles)], capture_output=True, text=True, env=env,
+                         check=True, cwd=os.path.dirname(os.path.dirname(os.path.dirname(__file__))))
+    assert json.loads(out.stdout) == [page_split(t, 0.2) for t in titles]
+
+
+def test_each_split_writes_only_its_pages_and_the_records_carry_it():
+    corpus, index = _toy()
+    retriever = _Retriever(corpus, miss=set())
+    train, train_reasons, train_read = extraction_tasks(corpus, retriever, index, n=10, k=2, split=PageSplit(TRAIN))
+    held, held_reasons, held_read = extraction_tasks(corpus, retriever, index, n=10, k=2, split=PageSplit(HELDOUT))
+    assert (train_read, held_read) == (2, 2)  # Nashville, Filler A | Warsaw, Filler B
+    assert [(r["page"], r["split"], r["gold_ids"]) for r in train] == [("Nashville", TRAIN, ["p0"])]
+    assert [(r["page"], r["split"], r["gold_ids"]) for r in held] == [("Warsaw", HELDOUT, ["p1"])]
+    assert train_reasons == held_reasons == {"no_sentence": 1}
+
+
+def test_a_sentence_copied_on_a_page_of_the_other_split_is_not_a_task():
+    corpus, index = _toy()
+    copy = Passage("p4", "Music City", "Warsaw lies on the Vistula River in Poland.")  # a training page
+    corpus = Corpus([*corpus.passages, copy], name="toy")
+    index.anns["p4"] = annotation("p4", "Music City", copy.text, [("Vistula River", "LOC")])
+    held, reasons, _ = extraction_tasks(corpus, _Retriever(corpus, miss=set()), index, n=10, k=2,
+                                        split=PageSplit(HELDOUT))
+    assert held == [] and reasons == {"no_sentence": 1, "cross_split": 1}
+
+
+@pytest.mark.parametrize("name, share", [("dev", 0.2), (TRAIN, 0.0), (HELDOUT, 1.0)])
+def test_a_bad_split_is_refused(name, share):
+    with pytest.raises(ValueError, match="split must be|strictly between"):
+        PageSplit(name, share)
 
 
 def test_the_task_file_trains_guided_rollouts(tmp_path):
@@ -142,11 +196,15 @@ def test_the_command_writes_a_task_file_coevo_solve_reads(small_corpus, tmp_path
     tasks = load_tasks(out)
     assert summary["tasks"] == len(tasks) == 5 and summary["k"] == 2 and summary["passages_read"] <= 80
     assert all(t.guide and t.evidence_ids for t in tasks)
+    assert (summary["split"], summary["heldout_share"]) == (TRAIN, 0.2) and "sha256" in summary["split_rule"]
+    rows = [json.loads(line) for line in out.read_text().splitlines()]
+    assert all(r["split"] == TRAIN and page_split(r["page"], 0.2) == TRAIN for r in rows)
 
 
 @pytest.mark.parametrize("args, message", [
     (["--out", "x.jsonl", "--n", "0"], "--n must be at least 1"),
     (["--out", "x.jsonl", "--", "ranker.top_k=0"], "ranker.top_k"),
+    (["--out", "x.jsonl", "--heldout-share", "1"], "--heldout-share must be strictly between 0 and 1"),
 ])
 def test_command_line_errors_exit_2_naming_the_option(args, message, capsys):
     from evidence import extraction

@@ -1,4 +1,4 @@
-"""Target validation (SPEC §3.2), static question validation (SPEC §3.4) and the batch pipeline."""
+"""Target validation (docs/method.md §3.2), static question validation (docs/method.md §3.4) and the batch pipeline."""
 from __future__ import annotations
 
 from types import SimpleNamespace

@@ -1,4 +1,4 @@
-"""Proposer parsing, prompts and reward against hand-computed cases (SPEC §3.1, §3.5)."""
+"""Proposer parsing, prompts and reward against hand-computed cases (docs/method.md §3.1, §3.5)."""
 import dataclasses
 
 import pytest
@@ -6,6 +6,7 @@ from hypothesis import given
 from hypothesis import strategies as st
 
 from coevo.core.config import compose, to_object
+from coevo.core.grpo import GroupStats
 from coevo.core.types import Completion, EvidencePath, Hop, Verdict
 from proposer.pipeline import (
     PENDING,
@@ -139,12 +140,12 @@ def test_stage_graded_penalty_gives_a_rejected_group_variance():
     flat = group()
     assign_proposer_rewards(flat, base)
     assert [c.reward for c in flat] == [-0.5] * 4
-    assert proposer_sequences(flat) == ([], {"zero_var_groups": 1})
+    assert proposer_sequences(flat) == ([], GroupStats(groups=1, zero_var_groups=1, members=4))
     graded = group()
     assign_proposer_rewards(graded, dataclasses.replace(base, invalid_penalty_by_stage=True))
     assert [c.reward for c in graded] == pytest.approx([-0.5, -0.5, -0.1, -0.1])
     batch, info = proposer_sequences(graded)
-    assert info == {"zero_var_groups": 0}
+    assert info == GroupStats(groups=1, zero_var_groups=0, members=4)
     # call 1 of each candidate, call 2 of the two that reached the question
     assert [round(s.advantage, 4) for s in batch] == [-0.866, -0.866, 0.866, 0.866, 0.866, 0.866]
 
@@ -158,7 +159,7 @@ def test_keep_zero_advantage_keeps_zero_variance_groups():
     assert [round(s.advantage, 4) for s in dropped] == [0.7071, 0.7071, -0.7071, -0.7071]
     kept, kept_info = proposer_sequences(cands, keep_zero=True)
     assert [round(s.advantage, 4) for s in kept] == [0.7071, 0.7071, -0.7071, -0.7071, 0.0, 0.0]
-    assert info == kept_info == {"zero_var_groups": 1}
+    assert info == kept_info == GroupStats(groups=2, zero_var_groups=1, members=4)
     # loss-masked tokens (the token-mean denominator): 2 candidates * (3 + 2) before, + 2 * 3 kept
     assert sum(sum(s.loss_mask) for s in dropped) == 10 and sum(sum(s.loss_mask) for s in kept) == 16
 

@@ -1,4 +1,4 @@
-"""Solver episodes (SPEC §4.1): strict turn parsing, token-exact sequences and masks, budgets."""
+"""Solver episodes (docs/method.md §4.1): strict turn parsing, token-exact sequences and masks, budgets."""
 import random
 
 import pytest
@@ -322,6 +322,7 @@ def test_guided_rollout_replays_the_path_and_the_rest_sample(scripted_policy, ma
     shown = policy.tokenizer.decode([t for t, m in zip(guided.token_ids[guided.prompt_len:],
                                                        guided.loss_mask[guided.prompt_len:]) if not m])
     assert "Paris" in shown and guided.read_answer  # its searches showed it the answer: it trains
+    assert "".join(guided.observations) == shown and len(guided.observations) == len(guided.sub_queries)
     # off by default, and never the only rollout of a task
     assert not any(ep.guided for ep in run_episodes(policy, [task], tool, solver_cfg(group_size=2)))
     assert not run_episodes(policy, [task], tool, solver_cfg(group_size=1, guided_rollouts=True))[0].guided

@@ -1,4 +1,4 @@
-"""Semantic grouping of ranker calls (SPEC §4.4) on hand-written calls."""
+"""Semantic grouping of ranker calls (docs/method.md §4.4) on hand-written calls."""
 from coevo.core.config import RankerConfig
 from solver.agent import Episode, Task
 from solver.grouping import cluster_calls, group_calls, group_task

@@ -1,4 +1,4 @@
-"""Ranker prompt, strict rerank parsing, modes and the search tool (SPEC §4.3, §4.6)."""
+"""Ranker prompt, strict rerank parsing, modes and the search tool (docs/method.md §4.3, §4.6)."""
 import random
 
 import pytest
@@ -7,6 +7,7 @@ from hypothesis import strategies as st
 
 from coevo.core.budget import PromptBudgetError
 from coevo.core.config import RankerConfig, SolverConfig, compose, to_object
+from coevo.core.role_config import ranker_policy_config, shares_solver_policy
 from evidence.corpus import Passage
 from solver.ranker import (
     Ranker,
@@ -15,8 +16,6 @@ from solver.ranker import (
     oracle_order,
     parse_rerank,
     ranker_messages,
-    ranker_policy_config,
-    shares_solver_policy,
 )
 from solver.ranker_prompt import fit_prompt
 from solver.search_tool import SearchTool, format_documents
@@ -264,6 +263,13 @@ def test_frozen_shared_backbone_ranker_is_a_separate_frozen_copy(scripted_policy
     assert build_ranker(frozen_shared, solver, lambda: pytest.fail("must not load")).policy is solver
 
 
+@pytest.mark.parametrize("mode, has_model", [("trainable", True), ("frozen", True), ("none", False),
+                                             ("oracle", False)])
+def test_the_ranker_has_a_model_in_the_generating_modes_only(mode, has_model):
+    assert _cfg(mode=mode).has_model is has_model
+    assert _cfg(mode=mode, share_backbone=True).has_model is has_model  # the solver's model is still a model
+
+
 def test_ranker_policy_config():
     solver_cfg = SolverConfig(preset="s", model="solver-model", checkpoint="/ckpt/solver", dtype="bfloat16")
     own = ranker_policy_config(_cfg(mode="frozen", share_backbone=True, num_cpus=2.0), solver_cfg)
@@ -310,7 +316,7 @@ def test_line_stop_needs_the_no_reasoning_format():
         to_object(compose(["experiment=smoke", "ranker.line_stop=true"]))
 
 
-# ---- prompt budget (SPEC §5.2): candidate texts shortened evenly, never the head cut ----------------
+# ---- prompt budget (docs/method.md §5.2): candidate texts shortened evenly, never the head cut ----------------
 
 Q0 = "Which city is the capital of France?"
 WIDE = [Passage(f"w{i}", f"T{i}", "x" * 700) for i in range(50)]  # N=50 candidates longer than 600 chars

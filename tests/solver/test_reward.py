@@ -1,10 +1,12 @@
-"""Hand-computed solver (SPEC §4.2) and ranker (SPEC §4.5) rewards, and property tests of their ranges."""
+"""Hand-computed solver and ranker rewards (docs/method.md §4.2, §4.5), and property tests of their ranges."""
 import pytest
 from hypothesis import given
 from hypothesis import strategies as st
 
 from coevo.core.config import RankerConfig
+from coevo.core.scoring import echo_sources
 from evidence.corpus import Passage
+from solver.agent import Episode, Task, episode_echo_sources
 from solver.ranker import RankerCall
 from solver.reward import (
     correctness,
@@ -74,6 +76,35 @@ def test_echo_guard_scores_an_echoed_query_wrong_and_content_f1_pays_partial_cre
     assert correctness("The capital is Abuja", gold, "f1") == pytest.approx(0.5)
     with pytest.raises(ValueError, match="expected one of \\['em', 'f1', 'f1_content'\\]"):
         correctness("x", gold, "acc")
+
+
+PLAY = "Which play did Shakespeare write about a Danish prince?"
+READ = "\n<information>Doc 1 (Title: Hamlet) Hamlet is a tragedy by William Shakespeare.</information>\n"
+MISSED = "\n<information>Doc 1 (Title: Macbeth) Macbeth is a tragedy by William Shakespeare.</information>\n"
+
+
+def _answered(question, queries, observations, answer="Hamlet") -> Episode:
+    return Episode(Task("t1", question, ["Hamlet"]), 0, [], [], None, 0, answer=answer, end_reason="answer",
+                   n_searches=len(queries), sub_queries=list(queries), observations=list(observations))
+
+
+@pytest.mark.parametrize("question,queries,observations,guarded", [
+    (PLAY, ["Shakespeare Danish prince play", "Hamlet"], [READ, READ], 1.0),  # read in obs 1, verified in query 2
+    (PLAY, ["Shakespeare Danish prince play"], [READ], 1.0),  # read, answered
+    ("What is the Danish prince play Hamlet by?", ["Hamlet author"], [READ], 0.0),  # answer in the question
+    (PLAY, ["Hamlet", "Hamlet tragedy"], [READ, READ], 0.0),  # guessed in query 1 before any observation held it
+    (PLAY, ["Shakespeare tragedy", "Hamlet"], [MISSED, READ], 0.0),  # searched before it was read
+])
+def test_the_echo_guard_pays_read_then_verify_and_not_a_copy(question, queries, observations, guarded):
+    ep = _answered(question, queries, observations)
+    assert correctness(ep.answer, ep.task.answers, "em", echo_of=episode_echo_sources(ep)) == guarded
+    assert correctness(ep.answer, ep.task.answers, "em") == 1.0  # without the guard nothing is an echo
+
+
+def test_content_f1_correctness_does_not_pay_a_shared_name_head():
+    assert correctness("Mount Fuji", ["Mount Kilimanjaro"], "f1_content") == 0.0
+    assert correctness("Mount Fuji", ["Kilimanjaro", "Fuji"], "f1_content") == pytest.approx(2 / 3)
+    assert correctness("Mount Fuji", ["Mount Kilimanjaro"], "f1") == pytest.approx(0.5)  # plain F1 still does
 
 
 def test_correctness_em_f1_and_no_answer():
@@ -210,3 +241,13 @@ def test_ranker_reward_is_within_minus_alpha_and_two(drawn, r_main, gamma, alpha
         assert reward == -alpha
     else:
         assert reward >= 0.0 and (call.i_ans or reward == r_main)
+
+
+text = st.text(max_size=30)
+
+
+@given(st.one_of(st.none(), text), st.lists(text, max_size=3), st.sampled_from(["em", "f1", "f1_content"]),
+       text, st.lists(text, max_size=3), st.lists(text, max_size=3))
+def test_correctness_is_within_zero_and_one_on_any_text(answer, golds, mode, question, queries, observations):
+    echo_of = echo_sources(answer or "", question, queries, observations)
+    assert 0.0 <= correctness(answer, golds, mode, echo_of) <= 1.0

@@ -3,6 +3,7 @@ from types import SimpleNamespace
 
 import pytest
 
+from coevo.core.grpo import GroupStats
 from solver.training import ranker_sequences, solver_sequences
 
 
@@ -24,7 +25,8 @@ EPISODES = [
 def test_solver_batch_drops_zero_advantage_by_default():
     batch, info = solver_sequences(EPISODES)
     assert [round(s.advantage, 4) for s in batch] == [1.0, -1.0]
-    assert info == {"groups": 2, "zero_var_groups": 1, "zero_var_share": 0.5}
+    assert info == GroupStats(groups=2, zero_var_groups=1, members=5)
+    assert info.to_metrics() == {"groups": 2, "zero_var_groups": 1, "zero_var_share": 0.5, "mean_group_size": 2.5}
     assert sum(sum(s.loss_mask) for s in batch) == 4  # the token-mean denominator
 
 
@@ -32,7 +34,7 @@ def test_solver_batch_keeps_zero_advantage_when_asked():
     batch, info = solver_sequences(EPISODES, keep_zero=True)
     # the zero-advantage t1 rollout and the t2 rollout that generated tokens; never an empty one
     assert [round(s.advantage, 4) for s in batch] == [1.0, 0.0, -1.0, 0.0]
-    assert info["zero_var_groups"] == 1
+    assert info.zero_var_groups == 1
     assert sum(sum(s.loss_mask) for s in batch) == 8  # 4 sequences * 2 generated tokens
 
 
@@ -47,32 +49,37 @@ def test_ranker_batch_keep_zero_advantage():
     groups = [[_call(2.0), _call(0.0)], [_call(1.0), _call(1.0), _call(1.0)]]
     dropped, info = ranker_sequences(groups)
     assert [round(s.advantage, 4) for s in dropped] == [0.7071, -0.7071]
-    assert info == {"groups": 2, "zero_var_groups": 1, "mean_group_size": 2.5}
+    assert info == GroupStats(groups=2, zero_var_groups=1, members=5)
+    assert ranker_sequences([]) == ([], GroupStats(0, 0, 0))  # no groups: no share, no mean size (None, not 0)
+    assert GroupStats(0, 0, 0).to_metrics() == {"groups": 0, "zero_var_groups": 0, "zero_var_share": None,
+                                                "mean_group_size": None}
     kept, _ = ranker_sequences(groups, keep_zero=True)
     assert [round(s.advantage, 4) for s in kept] == [0.7071, -0.7071, 0.0, 0.0, 0.0]
     for seq in kept:  # prompt masked out, completion trained, old logprobs aligned
         assert seq.loss_mask == [0, 0, 1, 1, 1] and seq.old_logprobs == pytest.approx([0.0, 0.0, -0.1, -0.1, -0.1])
 
 
-def _rollout(answer, queries, searches=1):
+def _rollout(answer, queries, searches=1, observations=()):
     task = SimpleNamespace(id="t1", question="Which city is the capital of Nigeria?",
                            answers=["Abuja, Nigeria", "Abuja"])
     return SimpleNamespace(task=task, task_id="t1", answer=answer, format_ok=True, sub_queries=queries, guided=False,
-                           n_searches=searches, correctness=None, reward=None)
+                           n_searches=searches, correctness=None, reward=None, observations=list(observations))
 
 
-@pytest.mark.parametrize("guard, expected", [(False, [1.0, 1.0, 0.0]), (True, [0.0, 1.0, 0.0])])
+@pytest.mark.parametrize("guard, expected", [(False, [1.0, 1.0, 0.0, 1.0]), (True, [0.0, 1.0, 0.0, 1.0])])
 def test_the_echo_guard_scores_an_answer_that_repeats_its_query_wrong(guard, expected):
     from coevo.core.role_config import SolverConfig, SolverRewardConfig
     from solver.training import score_solver
 
     eps = [_rollout("Abuja", ["Abuja"]),  # searched for the answer itself, then repeated it
            _rollout("Abuja", ["capital of Nigeria"]),  # found it: the head alias scores it correct
-           _rollout("Lagos", ["Nigeria"])]
+           _rollout("Lagos", ["Nigeria"]),
+           # read it in its first search's results, then searched it to verify: not an echo
+           _rollout("Abuja", ["capital of Nigeria", "Abuja"], 2, ["Doc 1 (Title: Abuja) capital of Nigeria", "Abuja"])]
     cfg = SolverConfig(reward=SolverRewardConfig(echo_guard=guard))
     accuracy = score_solver(eps, cfg)
     assert [ep.correctness for ep in eps] == expected
-    assert accuracy == {"t1": pytest.approx(sum(expected) / 3)}
+    assert accuracy == {"t1": pytest.approx(sum(expected) / 4)}
 
 
 def test_a_guided_rollout_is_rewarded_but_leaves_the_solve_rate_to_the_sampled_ones():
@@ -96,4 +103,4 @@ def test_a_guided_rollout_that_never_read_the_answer_joins_no_group():
     eps[2].read_answer = True  # it read the answer: trained, and the baseline moves to 2/3
     batch, _ = solver_sequences(eps)
     assert [s.advantage for s in batch] == pytest.approx([3 ** -0.5, -2 * 3 ** -0.5, 3 ** -0.5], abs=1e-4)
-    assert info["groups"] == 1
+    assert info == GroupStats(groups=1, zero_var_groups=0, members=2)  # the replay is no member

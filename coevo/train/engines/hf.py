@@ -1,4 +1,4 @@
-"""`hf` generation engine: transformers `generate` over token-id prompts (SPEC §5.2).
+"""`hf` generation engine: transformers `generate` over token-id prompts (docs/method.md §5.2).
 
 Choices a caller may rely on:
 - prompts of different lengths are left-padded into one batch; positions come from the

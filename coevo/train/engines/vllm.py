@@ -1,4 +1,5 @@
-"""`vllm` generation engine: vLLM behind the `GenerationEngine` interface, weights synced in place (SPEC §5.2, §7).
+"""`vllm` generation engine: vLLM behind the `GenerationEngine` interface, weights synced in place
+(docs/method.md §5.2, §7).
 
 Same semantics as `coevo.train.engines.hf.HFEngine` (docs/vllm.md has the table):
 - token-id prompts (`TokensPrompt`); `temperature == 0` is greedy, else temperature + top-p over the

@@ -1,4 +1,5 @@
-"""Prompt budgets (SPEC §5.2): checked at start, never a silent cut; the paper presets' budgets hold together."""
+"""Prompt budgets (docs/method.md §5.2): checked at start, never a silent cut; the paper presets' budgets hold
+together."""
 import pytest
 
 from coevo.core.budget import PromptBudgetError, check_model_len, check_prompts_fit, model_len

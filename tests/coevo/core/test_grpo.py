@@ -1,4 +1,4 @@
-"""GRPO math against hand-computed values (SPEC §5.1)."""
+"""GRPO math against hand-computed values (docs/method.md §5.1)."""
 from __future__ import annotations
 
 import math

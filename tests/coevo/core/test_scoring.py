@@ -1,4 +1,4 @@
-"""Answer normalization and metrics against hand-computed cases (SPEC §5.4)."""
+"""Answer normalization and metrics against hand-computed cases (docs/method.md §5.4)."""
 import pytest
 from hypothesis import given
 from hypothesis import strategies as st
@@ -8,6 +8,7 @@ from coevo.core.scoring import (
     contains_answer,
     content_f1,
     cover_em,
+    echo_sources,
     echoes,
     exact_match,
     f1,
@@ -52,7 +53,7 @@ def test_f1_hand_computed():
 
 def test_cover_em_substring():
     assert cover_em("It was in Paris in 1990", ["paris"]) == 1.0
-    assert cover_em("Parisian", ["paris"]) == 1.0  # SPEC: substring of the normalized prediction
+    assert cover_em("Parisian", ["paris"]) == 1.0  # docs/method.md §5.4: substring of the normalized prediction
     assert cover_em("London", ["paris"]) == 0.0
     assert cover_em("anything", [""]) == 0.0
 
@@ -92,6 +93,13 @@ def test_aliases_keep_order_add_accent_folds_and_drop_repeats_and_blanks() -> No
     ("Lagos", "Abuja", 0.0),
     ("the who", "The Who", 1.0),  # a gold of function words only is scored on all its tokens
     ("of the", "Abuja", 0.0),
+    ("Mount Fuji", "Mount Kilimanjaro", 0.0),  # only the name head "mount" is shared: a wrong name of the right kind
+    ("Mount Fuji", "Fuji", 2 / 3),  # content: mount fuji vs fuji -> P 1/2, R 1
+    ("Mount Fuji", "Mount Fuji", 1.0),
+    ("Barack Obama", "Obama", 2 / 3),  # a real partial match pays as before
+    ("Treaty of Paris", "Treaty of Versailles", 0.0),
+    ("Lake Victoria", "Victoria Falls", 0.5),  # "victoria" is a name, not a head: P 1/2, R 1/2
+    ("Great Britain", "Great Lakes", 0.5),  # a gold of name words only is scored without the head rule
 ])
 def test_content_f1_by_hand(prediction, gold, expected) -> None:
     assert content_f1(prediction, gold) == pytest.approx(expected)
@@ -103,7 +111,35 @@ def test_echoes_on_token_boundaries() -> None:
     assert not echoes("Abu", ["What is Abuja?"]) and not echoes("", ["anything"]) and not echoes("x", [])
 
 
-@given(st.text(max_size=40), st.lists(st.text(max_size=40), max_size=3))
-def test_content_f1_and_echoes_never_raise(prediction, golds) -> None:
+QUESTION = "Which play did Shakespeare write about a Danish prince?"
+
+
+@pytest.mark.parametrize("answer,queries,observations,expected", [
+    # read in observation 1, searched in query 2 to verify: only query 1 was written before the answer was read
+    ("Hamlet", ["Shakespeare Danish prince play", "Hamlet"], ["(Title: Hamlet) a tragedy by Shakespeare", "Hamlet"],
+     [QUESTION, "Shakespeare Danish prince play"]),
+    # guessed in query 1 before any observation held it: query 1 stays a source
+    ("Hamlet", ["Hamlet", "Hamlet play"], ["Hamlet is a tragedy", "Hamlet"], [QUESTION, "Hamlet"]),
+    # no observation holds it (or none is known): every query is a source
+    ("Hamlet", ["Shakespeare play", "Hamlet"], ["Macbeth", "Othello"], [QUESTION, "Shakespeare play", "Hamlet"]),
+    ("Hamlet", ["Shakespeare play", "Hamlet"], [], [QUESTION, "Shakespeare play", "Hamlet"]),
+    ("Hamlet", [], [], [QUESTION]),
+])
+def test_echo_sources_are_the_queries_written_before_the_answer_was_read(answer, queries, observations, expected):
+    assert echo_sources(answer, QUESTION, queries, observations) == expected
+
+
+def test_echoes_pays_read_then_verify_and_not_a_copy() -> None:
+    read = ["Doc 1 (Title: Hamlet) Hamlet is a tragedy by Shakespeare."]
+    assert not echoes("Hamlet", echo_sources("Hamlet", QUESTION, ["Shakespeare Danish prince play", "Hamlet"],
+                                             read + ["Hamlet"]))
+    assert echoes("Hamlet", echo_sources("Hamlet", QUESTION, ["Hamlet", "Hamlet"], read * 2))  # guessed, then read
+    assert echoes("Shakespeare", echo_sources("Shakespeare", QUESTION, ["Hamlet"], read))  # in the question
+
+
+@given(st.text(max_size=40), st.lists(st.text(max_size=40), max_size=3), st.lists(st.text(max_size=40), max_size=3))
+def test_content_f1_and_echoes_never_raise(prediction, golds, observations) -> None:
     assert 0.0 <= content_f1(prediction, golds) <= 1.0
     assert echoes(prediction, golds) in (True, False)
+    sources = echo_sources(prediction, prediction, golds, observations)
+    assert sources[0] == prediction and sources[1:] == golds[:len(sources) - 1]

@@ -67,7 +67,7 @@ def toy_records():
          ["g2", "g3"]),
         # EM 0, F1 1/2 (P 1/3, R 1), cover 1 ("beatles" in "beatles were band"); no search: recall 0
         ("a3", ["the Beatles"], "Beatles were a band", True, [], ["g4"]),
-        # format failure: 0 / 0 / 0; 3 searches, no gold shown, one malformed ranking
+        # format failure: 0 / 0 / 0; 3 searches, no gold among their candidates (no say in hit@k), one malformed
         ("a4", ["42"], "", False, [_search(["x", "y", "z"]), _search(["x", "y", "z"], format_ok=False),
                                    _search(["x", "y", "z"])], ["g5"]),
     ]
@@ -87,7 +87,7 @@ def test_aggregation_by_hand():
     a, b, avg = m["alpha"], m["beta"], m["average"]
     assert a == {"n": 4, "em": 0.25, "f1": round((1 + 2 / 3 + 1 / 2 + 0) / 4, 4), "cover_em": 0.5,
                  "format_failure": 0.25, "mean_searches": 1.5, "search_hist": {"0": 1, "1": 1, "2": 1, "3": 1},
-                 "recall@3": 0.375, "ranker_calls": 6, "hit@1": round(2 / 6, 4), "hit@3": 0.5,
+                 "recall@3": 0.375, "ranker_calls": 6, "hit@1": round(2 / 3, 4), "hit@3": 1.0,
                  "ranker_format_failure": round(1 / 6, 4)}
     assert b == {"n": 2, "em": 0.5, "f1": 1.0, "cover_em": 0.5, "format_failure": 0.0, "mean_searches": 1.0,
                  "search_hist": {"1": 2}}
@@ -96,7 +96,7 @@ def test_aggregation_by_hand():
     assert avg["em"] == 0.375 and avg["cover_em"] == 0.5 and avg["format_failure"] == 0.125
     assert avg["f1"] == round(((1 + 2 / 3 + 1 / 2) / 4 + 1.0) / 2, 4) == 0.7708
     assert avg["mean_searches"] == 1.25 and avg["search_hist"] == {"0": 1, "1": 3, "2": 1, "3": 1}
-    assert (avg["recall@3"], avg["hit@1"], avg["hit@3"], avg["ranker_calls"]) == (0.375, 0.3333, 0.5, 6)
+    assert (avg["recall@3"], avg["hit@1"], avg["hit@3"], avg["ranker_calls"]) == (0.375, 0.6667, 1.0, 6)
 
 
 def test_direct_mode_has_no_retrieval_metrics_and_table_shows_average():

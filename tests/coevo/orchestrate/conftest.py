@@ -131,7 +131,8 @@ class ScriptedRun:
     def step(self, step: int = 0, references: tuple = ((0, "who wrote hamlet"),)) -> tuple[list[dict], dict]:
         from coevo.orchestrate.loop import coevolution_step
 
-        return coevolution_step(step, list(references), self.actors, self.cfg, seed=1, progress=lambda s: None)
+        outcome = coevolution_step(step, list(references), self.actors, self.cfg, seed=1, progress=lambda s: None)
+        return outcome.records, outcome.metrics
 
     def update_calls(self, policy: Any) -> list[int]:
         """Batch size of each `update` call made on `policy`."""

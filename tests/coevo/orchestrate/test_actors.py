@@ -1,10 +1,11 @@
 """Actor wiring without Ray (`create_local_actors`) with the tiny-random preset."""
 import json
+from types import SimpleNamespace
 
 import pytest
 import torch
 
-from coevo.core.config import compose, to_object
+from coevo.core.config import RankerConfig, compose, to_object
 from coevo.core.types import TrainSequence
 from coevo.orchestrate import actors as actors_mod
 from coevo.orchestrate.actors import create_local_actors
@@ -30,6 +31,28 @@ def test_frozen_shared_backbone_ranker_does_not_drift(tmp_path):
     assert not result.get("skipped")
     assert any(not torch.equal(a, b) for a, b in zip(start, solver.model.parameters()))  # the solver moved
     assert all(torch.equal(a, b) for a, b in zip(start, ranker.model.parameters()))  # the ranker did not
+
+
+def _policy(frozen=False):
+    return SimpleNamespace(frozen=frozen)
+
+
+@pytest.mark.parametrize("mode, own, ranker_is, trained", [
+    ("trainable", _policy(), "own", ["proposer", "solver", "ranker"]),  # its own trainable policy
+    ("trainable", None, "solver", ["proposer", "solver"]),  # share_backbone: the solver's object, one update
+    ("frozen", _policy(frozen=True), "own", ["proposer", "solver"]),  # its own (or a copy of the solver's), fixed
+    ("oracle", None, None, ["proposer", "solver"]),  # no model at all
+    ("none", None, None, ["proposer", "solver"]),
+])
+def test_one_ranker_wiring_for_ray_and_one_process(mode, own, ranker_is, trained):
+    cfg = SimpleNamespace(ranker=RankerConfig(preset="t", model="t", mode=mode))
+    proposer, solver = _policy(), _policy()
+    ranker, trainable = actors_mod.ranker_and_trainable(cfg, proposer, solver, own)
+    assert ranker is {"own": own, "solver": solver, None: None}[ranker_is]
+    assert list(trainable) == trained and trainable["solver"] is solver
+    # coevo.solve: no proposer; a frozen solver (solve.train=false) leaves nothing to train
+    assert actors_mod.ranker_and_trainable(cfg, None, _policy(frozen=True), own)[1] == (
+        {"ranker": own} if "ranker" in trained else {})
 
 
 @pytest.mark.parametrize("n, parts, sizes", [(7, 3, [3, 2, 2]), (6, 3, [2, 2, 2]), (2, 4, [1, 1]), (0, 3, [0]),

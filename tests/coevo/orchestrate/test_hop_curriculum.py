@@ -22,6 +22,7 @@ def run_steps(run, run_dir: Path, start: int, cursor: int, steps: int, state):
     from coevo.run import _loop
 
     run.cfg.run.steps = steps
+    run_dir.mkdir(parents=True, exist_ok=True)  # coevo.run's open_run makes it before the loop's first event
     metrics = MetricsLog(run_dir, "none", start=start)
     try:
         _loop(run.cfg, run_dir, run.actors, ["who wrote hamlet"], metrics, start, cursor, state)
@@ -63,7 +64,15 @@ def test_off_the_curriculum_leaves_steps_checkpoints_and_metrics_as_they_were(sc
     assert hop_curriculum.start(run.cfg, {"level": 3, "windows": {}}) is None
     assert hop_curriculum.step_hops(run.cfg, None) == "longest"
     metrics = {"hops": {"tasks": {"1": 1}, "accuracy": {"1": 0.5}}}
-    assert hop_curriculum.advance(run.cfg, None, metrics) == (None, metrics)
+    assert hop_curriculum.advance(run.cfg, None, metrics, {1: 0.5}) == (None, metrics)
     assert hop_curriculum.checkpoint_state(None) == {} and hop_curriculum.saved_state(None) is None
     assert json.dumps(hop_curriculum.checkpoint_state(CurriculumState(2, ((1, (0.5,)),)))) == \
         '{"curriculum": {"level": 2, "windows": {"1": [0.5]}}}'
+
+
+def test_advance_moves_on_the_typed_accuracy_not_the_logged_metrics(scripted_run):
+    run = scripted_run(overrides=CURRICULUM)  # window 1, up 0.5, down 0.1
+    metrics = {"hops": {"tasks": {"1": 1}, "accuracy": {"1": 0.0}}}  # what the line logs is not read back
+    state, out = hop_curriculum.advance(run.cfg, CurriculumState(level=1), metrics, {1: 0.5, 2: None})
+    assert state == CurriculumState(level=2, windows=((1, (0.5,)),))
+    assert out == {**metrics, "curriculum": {"level": 1, "next_level": 2, "accuracy": {"1": 0.5}}}

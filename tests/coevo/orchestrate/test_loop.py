@@ -73,7 +73,7 @@ def run_step(scripted_policy, overlap_retriever, references=((0, "who wrote haml
     actors = SimpleNamespace(proposer=proposer, solver=solver, ranker=ranker, retrieval=overlap_retriever(),
                              evidence=FakeEvidence(),
                              trainable={"proposer": proposer, "solver": solver, "ranker": ranker})
-    records, metrics = coevolution_step(0, list(references), actors, cfg, seed=1, progress=lambda s: None)
+    records, metrics, _ = coevolution_step(0, list(references), actors, cfg, seed=1, progress=lambda s: None)
     return records, metrics, actors
 
 

@@ -22,7 +22,8 @@ def test_every_candidate_rejected_trains_nothing(scripted_run):
     assert metrics["acceptance"] == {"target": 0.0, "path": 0.0, "task": 0.0}
     assert metrics["reward"] == {"proposer": -0.5, "solver": None, "ranker": None}
     # a zero-variance proposer group and empty solver/ranker batches: no update call at all
-    assert metrics["update"]["proposer"] == {"skipped": True, "n_seqs": 0, "zero_var_groups": 1}
+    assert metrics["update"]["proposer"] == {"skipped": True, "n_seqs": 0, "groups": 1, "zero_var_groups": 1,
+                                             "zero_var_share": 1.0, "mean_group_size": 2.0}
     assert metrics["update"]["solver"]["skipped"] and metrics["update"]["ranker"]["skipped"]
     for policy in run.policies():
         assert run.update_calls(policy) == [] and run.unchanged(policy, start[policy.role])

@@ -1,22 +1,12 @@
-"""What coevo.run and coevo.solve keep and report: checkpoint period, the done report, how a run ends."""
-import signal
+"""What coevo.run and coevo.solve keep and report: checkpoint period, the done report.
+
+How a run ends (its exit codes): tests/coevo/orchestrate/test_startup_checks.py."""
 from pathlib import Path
 from types import SimpleNamespace
 
 import pytest
 
-from coevo.core.rundir import RunDirError
-from coevo.core.stopping import Stopped
-from coevo.orchestrate.actors import ActorFailure
-from coevo.orchestrate.persist import (
-    GPU_SAVE_EVERY,
-    checkpoint_due,
-    done_report,
-    error_line,
-    run_and_report,
-    save_period,
-    save_step,
-)
+from coevo.orchestrate.persist import GPU_SAVE_EVERY, checkpoint_due, done_report, save_period, save_step
 from coevo.train.checkpoint import complete_checkpoints
 
 
@@ -29,6 +19,7 @@ class SavedPolicy:
 
 def _run_dir(tmp_path: Path, steps: int) -> Path:
     run = tmp_path / "run"
+    run.mkdir()  # a run's directory exists (claimed) before its first save
     actors = SimpleNamespace(trainable={"solver": SavedPolicy(), "ranker": SavedPolicy()})
     for step in range(steps):
         save_step(run, step, 4 * (step + 1), actors)
@@ -74,56 +65,3 @@ def test_done_report_lists_what_the_run_dir_holds(tmp_path):
     ]
     empty = tmp_path / "empty"
     assert done_report(empty, "stopped by SIGTERM") == f"done: {empty} (stopped by SIGTERM)\n  checkpoints  none"
-
-
-def _ends(body, tmp_path, capsys):
-    run = _run_dir(tmp_path, 1)
-    with pytest.raises(SystemExit) as end:
-        run_and_report("coevo.solve", run, body)
-    out, err = capsys.readouterr()
-    return end.value.code, out, err, run
-
-
-def test_a_finished_run_ends_with_the_done_report(tmp_path, capsys):
-    run = _run_dir(tmp_path, 1)
-    run_and_report("coevo.solve", run, lambda: None)
-    assert capsys.readouterr().out == done_report(run) + "\n"
-
-
-def _raise(error):
-    def body():
-        raise error
-    return body
-
-
-def test_an_error_stops_the_run_with_the_done_report_saying_so(tmp_path, capsys, caplog):
-    code, out, err, run = _ends(_raise(RuntimeError("boom\nsecond line")), tmp_path, capsys)
-    # The terminal shows the error as one line once console logging is set up (an earlier test may have), never
-    # the traceback or the report.
-    assert code == 1 and out in ("", "error: coevo.solve stopped on an error\n")
-    logged = caplog.records[-1]  # the traceback goes to the log (the terminal and Hydra's log file in a run)
-    assert logged.getMessage() == "coevo.solve stopped on an error" and logged.exc_info[0] is RuntimeError
-    ckpt = run / "checkpoints" / "step_0"
-    assert err.endswith(f"coevo.solve: stopped on an error. The last complete checkpoint, {ckpt}, is intact; rerun "
-                        "with resume=true to continue.\n" + done_report(run, "stopped on an error: RuntimeError: boom…")
-                        + "\n")
-
-
-def test_a_signal_or_an_actor_failure_ends_with_the_done_report(tmp_path, capsys):
-    code, _, err, run = _ends(_raise(Stopped(signal.SIGTERM)), tmp_path, capsys)
-    assert code == 128 + signal.SIGTERM
-    assert err.endswith("\n" + done_report(run, "stopped by SIGTERM") + "\n")
-    assert err.startswith("coevo: stopped by SIGTERM. The last complete checkpoint")
-    code, _, err, _ = _ends(_raise(ActorFailure("solver died")), tmp_path / "b", capsys)
-    assert code == 1 and "(stopped: ActorFailure: solver died)" in err
-
-
-def test_a_refused_run_dir_gets_no_report(tmp_path, capsys):
-    code, out, err, _ = _ends(_raise(RunDirError("run.dir x is in use")), tmp_path, capsys)
-    assert code == 2 and out == "" and err == "coevo.solve: error: run.dir x is in use\n"
-
-
-def test_error_line_is_one_line():
-    assert error_line(ValueError("bad\nmore")) == "ValueError: bad…"
-    assert error_line(KeyError("k")) == "KeyError: 'k'"
-    assert error_line(RuntimeError("x" * 300)) == "RuntimeError: " + "x" * 200 + "…"

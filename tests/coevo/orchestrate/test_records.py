@@ -3,7 +3,6 @@ from types import SimpleNamespace
 
 from coevo.core.types import Completion, EvidencePath, Hop, Verdict
 from coevo.orchestrate.records import (
-    answer_rates,
     rejection_rates,
     solve_rate_shares,
     solver_group_shares,
@@ -48,21 +47,6 @@ def test_rejection_rates_and_multi_hop_share_by_hand():
     metrics = step_metrics(cands, [], [], top_k=3)
     assert metrics["multi_hop_share"] == 0.5  # one of the two accepted tasks has >= 2 hops
     assert metrics["groups"]["n"] == 0 and metrics["rejection"]["validity"] == 0.25
-
-
-def _answered(answer, queries=(), shown=(), question="Which city hosts the Louvre?") -> SimpleNamespace:
-    # shown: per search, whether each passage it showed holds a gold answer
-    return SimpleNamespace(task=SimpleNamespace(question=question), answer=answer, format_ok=answer is not None,
-                           sub_queries=list(queries), read_answer=any(any(rel) for rel in shown))
-
-
-def test_answer_rates_by_hand():
-    eps = [_answered("Paris", ["Louvre museum"], [[False, True]]),  # answer shown in the 2nd search's top
-           _answered("the Louvre", ["Louvre museum"], [[False, False]]),  # echoes the question and its query
-           _answered("Louvre museum", ["Louvre museum"], []),  # echoes its own query; no search shown anything
-           _answered(None, ["x"], [[True]])]  # no answer: not in the echo denominator, but it saw the answer
-    assert answer_rates(eps) == {"echo_rate": 2 / 3, "answer_in_observation": 0.5}
-    assert answer_rates([]) == {"echo_rate": None, "answer_in_observation": None}
 
 
 def test_solve_rate_shares_by_hand():

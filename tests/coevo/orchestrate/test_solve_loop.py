@@ -79,7 +79,7 @@ def test_solve_metrics_leave_guided_replays_out(trainable, overlap_retriever):
     assert (guided.task.id, guided.answer, guided.n_searches) == ("t1", "Paris", 1)
     solver = rollout_metrics(episodes, groups, cfg.ranker.top_k)["solver"]
     # sampled: t1's 3 search and answer, t2's 4 break the format (with the replay counted: 4 of 8)
-    assert (solver["format_valid"], solver["end_reasons"]) == (round(3 / 7, 4), {"answer": 3, "no_action": 4})
+    assert (solver["format_valid"], solver["end_reasons"]) == (3 / 7, {"answer": 3, "no_action": 4})
     assert (solver["guided"], solver["guided_read"]) == (1, int(guided.read_answer))
 
 

@@ -12,6 +12,7 @@ from coevo.train.memory import (
     activation_bytes,
     budget_message,
     check_run_memory,
+    cpu_rank_terms,
     estimate_text,
     generated_rows,
     generation_bytes,
@@ -65,6 +66,15 @@ def test_trainable_policy_terms():
                      "activations": 2 * 10 * 12688, "generation": 3 * 10 * 1408 * 4}
     no_kl = _by_name(policy_terms("solver", _policy(dtype="bfloat16"), SHAPE, tokens=10, engine_share_of=0))
     assert no_kl["weights"] == 2000 and no_kl["optimizer"] == 4000 and "reference" not in no_kl
+
+
+def test_a_role_on_cpu_ranks_adds_each_further_ranks_activations_generation_copy_and_rows():
+    policy = _policy(kl_coef=0.01, cpu_ranks=3)
+    own = policy_terms("solver", policy, SHAPE, tokens=10, engine_share_of=0, rows=3)
+    # 2 more ranks x (fp32 copy 1000 x 4 + activations 2 x 10 x 12688 + rows 3 x 10 x 1408 x 4)
+    assert _by_name(cpu_rank_terms("solver", policy, SHAPE, own)) == {"cpu_ranks": 2 * (4000 + 253760 + 168960)}
+    assert cpu_rank_terms("solver", _policy(), SHAPE, own) == []  # one process
+    assert cpu_rank_terms("solver", _policy(cpu_ranks=1), SHAPE, own) == []
 
 
 def test_lora_and_checkpointing_policy_terms():

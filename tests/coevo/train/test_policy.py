@@ -461,7 +461,7 @@ def test_first_epoch_loss_is_the_token_mean_of_minus_advantage(tiny) -> None:
     assert metrics["n_tokens"] == sum(n) and metrics["clip_frac"] == 0.0
 
 
-# ---- precision (SPEC §5.2): fp32 master weights and optimizer state, bf16 compute on CUDA only -----------------
+# ---- precision (docs/method.md §5.2): fp32 master weights and optimizer state, bf16 compute on CUDA only -------
 
 def _changed_share(before: dict, after: dict, touched: dict) -> float:
     """Share of the touched elements (nonzero gradient) whose value changed."""

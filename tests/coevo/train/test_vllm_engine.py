@@ -1,4 +1,4 @@
-"""vLLM engine parity with the HF engine, and in-place weight sync after a GRPO update (SPEC §5.2).
+"""vLLM engine parity with the HF engine, and in-place weight sync after a GRPO update (docs/method.md §5.2).
 
 One vLLM engine is started for the whole module (about 30-60 s on 2 CPU cores); tests that change
 its weights put the original ones back. The model is built here: vLLM's CPU attention needs a

@@ -1,0 +1,104 @@
+"""bench/task_labels.py: the labelling dump of a run, and each check's precision and recall on hand labels."""
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import pytest
+
+from bench import task_labels
+from coevo.core.types import EvidencePath, Hop
+
+
+def _path(target: str, head: str, sentence: str) -> dict:
+    hop = Hop(head=head, tail=target, sentence=sentence, passage_id=f"p-{head}", title=head, score=1.0, cue="relation")
+    return EvidencePath(target, (hop,)).to_record()
+
+
+GATES = _path("Microsoft", "Bill Gates", "Bill Gates co-founded Microsoft in 1975.")
+# (question, target, path, label) with what each check finds, worked out by hand:
+ROWS = [
+    ("Who was Bill Gates?", "Microsoft", GATES, "false"),  # asks_about_head
+    ("What is the capital of Australia?", "Tasmania",
+     _path("Tasmania", "Australia", "Tasmania is an island state of Australia."), "false"),  # unsupported: capital
+    ("What is the answer to the question: what did Bill Gates found?", "Microsoft", GATES,
+     "false"),  # meta_question; unsupported: answer, question
+    ("What is the capital of France?", "Paris", _path("Paris", "France", "Paris is the capital of France."), "true"),
+    ("Who wrote the play Hamlet?", "William Shakespeare",
+     _path("William Shakespeare", "Hamlet", "Hamlet is a tragedy written by William Shakespeare."),
+     "true"),  # unsupported: play (a true task rejected)
+    ("Where was Marie Curie raised?", "Poland",
+     _path("Poland", "Marie Curie", "Marie Curie was born in Warsaw, Poland."), "loose"),  # unsupported: raised
+    ("Who was Bill Gates?", "Microsoft", GATES, None),  # not labelled yet: in no figure
+]
+
+
+def _write_labels(tmp_path: Path) -> Path:
+    f = tmp_path / "labels.jsonl"
+    f.write_text("".join(json.dumps({"id": f"s0-{i}", "step": 0, "question": q, "target": t, "path": p, "label": lab})
+                         + "\n" for i, (q, t, p, lab) in enumerate(ROWS)))
+    return f
+
+
+def test_score_against_hand_computed_precision_and_recall(tmp_path, capsys):
+    f = _write_labels(tmp_path)
+    assert task_labels.main(["score", str(f), "--", "evidence.head_subject=true", "evidence.meta_wording=true"]) == 0
+    out = json.loads(capsys.readouterr().out)
+    assert (out["labelled"], out["true"], out["false"], out["loose"], out["unlabelled"]) == (6, 2, 3, 1, 1)
+    assert out["f"] == {"strict": 0.3333, "loose": 0.5}  # 2 of 6; (2 + 1) of 6
+    checks = out["checks"]
+    assert checks["meta_question"] == {"key": "evidence.meta_wording", "rejected": 1, "rejected_false": 1,
+                                       "rejected_loose": 0, "precision": 1.0, "recall": 0.3333}
+    assert checks["asks_about_head"] == {"key": "evidence.head_subject", "rejected": 1, "rejected_false": 1,
+                                         "rejected_loose": 0, "precision": 1.0, "recall": 0.3333}
+    # rows 2, 3, 5, 6: two false of four rejected; two of the three false
+    assert checks["unsupported_relation"] == {"key": "evidence.relation_support", "rejected": 4, "rejected_false": 2,
+                                              "rejected_loose": 1, "precision": 0.5, "recall": 0.6667}
+    assert checks["any"] == {"key": "all three", "rejected": 5, "rejected_false": 3, "rejected_loose": 1,
+                             "precision": 0.6, "recall": 1.0}
+    # head and meta on: rows 2, 4, 5, 6 kept; 2 true and 1 loose of 4
+    assert out["in_force"] == {"keys": ["evidence.meta_wording", "evidence.head_subject"], "kept": 4,
+                               "f": {"strict": 0.5, "loose": 0.75}}
+
+
+def test_score_without_overrides_and_with_nothing_labelled():
+    assert task_labels.score([])["f"] == {"strict": None, "loose": None}
+    rows = [{"question": "Who was Bill Gates?", "target": "Microsoft", "path": GATES, "label": "true"}]
+    result = task_labels.score(rows)
+    assert result["in_force"] == {"keys": [], "kept": 1, "f": {"strict": 1.0, "loose": 1.0}}
+    assert result["checks"]["asks_about_head"]["precision"] == 0.0 and result["checks"]["any"]["recall"] is None
+
+
+def _record(task_id, question, accepted, path=GATES) -> dict:
+    return {"task_id": task_id, "question": question, "target": "Microsoft", "answers": ["Microsoft"],
+            "evidence_path": path, "accepted": accepted, "reason": "accepted" if accepted else "leaks_target"}
+
+
+def test_dump_writes_every_accepted_task_in_step_order(tmp_path, capsys):
+    tasks = tmp_path / "run" / "tasks"
+    tasks.mkdir(parents=True)
+    steps = {10: [_record("s10-0", "Who founded Microsoft?", True)],
+             2: [_record(None, "Microsoft?", False), _record("s2-1", "Who was Bill Gates?", True),
+                 {"kind": "extraction", "task_id": "s2-x0", "question": "Who ___?", "answers": ["A"]}]}
+    for step, recs in steps.items():
+        (tasks / f"step_{step}.jsonl").write_text("".join(json.dumps(r) + "\n" for r in recs))
+    (tasks / "step_x.jsonl").write_text("not json\n")  # no step: ignored
+    out = tmp_path / "labels.jsonl"
+    assert task_labels.main(["dump", str(tmp_path / "run"), "--out", str(out)]) == 0
+    assert json.loads(capsys.readouterr().out) == {"tasks": 2, "out": str(out)}
+    rows = [json.loads(x) for x in out.read_text().splitlines()]
+    assert [(r["id"], r["step"], r["question"]) for r in rows] == [("s2-1", 2, "Who was Bill Gates?"),
+                                                                   ("s10-0", 10, "Who founded Microsoft?")]
+    assert rows[0]["sentences"] == ["Bill Gates: Bill Gates co-founded Microsoft in 1975."]
+    assert rows[0]["path"] == GATES and rows[0]["label"] is None and rows[0]["target"] == "Microsoft"
+
+
+@pytest.mark.parametrize("argv, message", [
+    (["dump", "RUN", "--out", "OUT"], "no step_<n>.jsonl task dump"),
+    (["score", "LABELS"], "label must be one of"),
+])
+def test_bad_inputs_exit_2_with_the_reason(tmp_path, capsys, argv, message):
+    (tmp_path / "RUN").mkdir()
+    (tmp_path / "LABELS").write_text(json.dumps({"question": "Who?", "label": "yes"}) + "\n")
+    assert task_labels.main([str(tmp_path / a) if a.isupper() else a for a in argv]) == 2
+    assert message in capsys.readouterr().err

@@ -42,7 +42,7 @@ import re
 from typing import Any, Callable, Optional
 
 from coevo.core.scoring import punctuation_to_spaces
-from coevo.core.types import EvidencePath, Verdict
+from coevo.core.types import Verdict, path_hops
 from evidence.graph import is_acronym, is_alias
 from evidence.mentions import is_topic_anaphor, normalize_entity, strip_disambiguator
 
@@ -156,13 +156,8 @@ def _matches(a: str, b: str) -> bool:
 
 
 def _hops(path: Any) -> list[Any]:
-    if isinstance(path, dict):
-        try:
-            path = EvidencePath.from_record(path)
-        except ValueError:
-            return []
-    hops = getattr(path, "hops", None)
-    return [h for h in hops if isinstance(getattr(h, "sentence", None), str)] if isinstance(hops, (list, tuple)) else []
+    """The path's hops that carry a sentence (a hand-edited dump may lack one)."""
+    return [h for h in path_hops(path) if isinstance(getattr(h, "sentence", None), str)]
 
 
 def _names(hop: Any, ends: tuple[str, ...]) -> list[str]:

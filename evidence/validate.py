@@ -19,7 +19,7 @@ import re
 from typing import Any, Optional
 
 from coevo.core.scoring import contains_answer, normalize_answer, punctuation_to_spaces, token_f1
-from coevo.core.types import HEAD_MARK, EvidencePath, Verdict
+from coevo.core.types import HEAD_MARK, Verdict, path_hops
 from evidence.entities import EntityIndex
 from evidence.mentions import ALLOWED_LABELS, normalize_entity, stopwords, strip_disambiguator, title_key
 
@@ -139,16 +139,6 @@ def support_verdict(target: Any, hits: list[Any], index: EntityIndex, label: str
     return Verdict(True, "ok", tuple(support), label)
 
 
-def _hops(path: Any) -> list[Any]:
-    if isinstance(path, dict):
-        try:
-            path = EvidencePath.from_record(path)
-        except ValueError:
-            return []
-    hops = getattr(path, "hops", None)
-    return list(hops) if isinstance(hops, (list, tuple)) else []
-
-
 def _has_evidence(hops: list[Any]) -> bool:
     return bool(hops) and all(isinstance(getattr(h, "sentence", None), str) and h.sentence.strip()
                               and isinstance(getattr(h, "passage_id", None), str) and h.passage_id for h in hops)
@@ -206,7 +196,7 @@ def validate_question(question: Any, target: Any, path: Any, max_chars: int = 30
         return _reject("too_long", f"{len(text)} > {max_chars} characters")
     if sum(text.count(q) for q in _QMARKS) > 1:
         return _reject("multiple_questions")
-    hops = _hops(path)
+    hops = path_hops(path)
     if not _has_evidence(hops):
         return _reject("no_evidence", "the evidence path has no hop with a sentence and passage id")
     evidence = tuple(dict.fromkeys(h.passage_id for h in hops))
@@ -263,7 +253,7 @@ def retrievability_verdict(verdict: Verdict, target: Any, path: Any, hits: list[
     """
     if not verdict.ok:
         return verdict
-    hops = _hops(path)
+    hops = path_hops(path)
     first = hops[0].passage_id if hops else None
     ids = [getattr(hit, "passage_id", hit) for hit in hits]
     if (first is not None and first in ids) or _supporting(_clean(target), hits, index):

@@ -216,3 +216,15 @@ class EvidencePath:
             except (AttributeError, TypeError) as e:
                 raise ValueError(f"evidence path hop {i} is malformed ({e})") from None
         return cls(target=str(data.get("target", "")), hops=tuple(hops))
+
+
+def path_hops(path: Any) -> list[Any]:
+    """The hops of `path`: an EvidencePath, its record (a dict), or anything else (no hops). Never raises:
+    the checks that read a path get it from the pipeline or from a dump written by another version."""
+    if isinstance(path, dict):
+        try:
+            path = EvidencePath.from_record(path)
+        except ValueError:
+            return []
+    hops = getattr(path, "hops", None)
+    return list(hops) if isinstance(hops, (list, tuple)) else []

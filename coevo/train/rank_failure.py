@@ -27,8 +27,8 @@ def describe(role: str, rank: int, world: int, what: str, error: BaseException, 
     """The message of `RankFailure` for `error`, raised on `rank` while doing `what`."""
     text = f"{role} rank {rank} of {world}, {what}: {type(error).__name__}: {error}"
     if COLLECTIVE.search(str(error)) or type(error).__name__.startswith("Dist"):
-        waited = f"up to {timeout_s:g} s (cluster.collective_timeout_s)" if timeout_s else "its group's timeout"
-        text += (f". A collective of the {role}'s process group failed after waiting {waited} on the other ranks: "
+        wait = f"up to {timeout_s:g} s, cluster.collective_timeout_s" if timeout_s else "up to the group's timeout"
+        text += (f". A collective of the {role}'s process group failed (it waits {wait}, on the other ranks): "
                  f"another rank of the {role} most likely died (killed, out of memory, its node lost)")
     return text
 

@@ -51,8 +51,8 @@ def test_a_rank_error_is_named_and_a_collective_failure_explained() -> None:
             raise RuntimeError("[gloo/transport/tcp/pair.cc:537] Connection closed by peer [10.0.0.2]:4711")
     assert str(caught.value) == (
         "proposer rank 1 of 4, save: RuntimeError: [gloo/transport/tcp/pair.cc:537] Connection closed by peer "
-        "[10.0.0.2]:4711. A collective of the proposer's process group failed after waiting up to 60 s "
-        "(cluster.collective_timeout_s) on the other ranks: another rank of the proposer most likely died (killed, "
+        "[10.0.0.2]:4711. A collective of the proposer's process group failed (it waits up to 60 s, "
+        "cluster.collective_timeout_s, on the other ranks): another rank of the proposer most likely died (killed, "
         "out of memory, its node lost)")
     assert isinstance(caught.value.__cause__, RuntimeError)
     # Not a collective: named, not explained as one; a RankFailure passes through unchanged.

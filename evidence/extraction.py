@@ -60,6 +60,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Optional, Sequence
 
+from coevo.core.cli import EXIT_REFUSED
 from coevo.core.config import CoevoConfig, compose, to_object
 from coevo.core.io import atomic_write_text
 from coevo.core.scoring import answer_aliases, echoes
@@ -256,7 +257,7 @@ def main(argv: Optional[Sequence[str]] = None) -> None:
         summary = generate(cfg, opts.out, opts.n, opts.seed, PageSplit(opts.split, opts.heldout_share))
     except (ValueError, FileNotFoundError) as e:
         print(f"evidence.extraction: error: {e}", file=sys.stderr)
-        sys.exit(2)
+        sys.exit(EXIT_REFUSED)
     print(json.dumps(summary), flush=True)
 
 

@@ -2,6 +2,7 @@
 
     .venv/bin/python -m bench.learning [--steps 4] [--eval-limit 70] [--eval-data FILE] [--eval-rollout vllm|hf]
         [--out DIR] [--png FILE] [--ray] [--seed 0] [--arm-timeout S] [--parallel] [--eval-arg KEY=VALUE ...]
+        [--no-own-ranker] [--heldout CLOZES.jsonl]
         [-- HYDRA_OVERRIDES...]
     .venv/bin/python -m bench.learning --steps 2 --eval-limit 1 --eval-rollout hf -- experiment=smoke  # minutes
 
@@ -32,12 +33,11 @@ top-level `error` says why. `png_error` appears only when the plot failed.
 
     {"steps": N, "wall_s": seconds, "command": "python -m bench.learning ...", "overrides": [...],
      "out": dir, "png": file, "arms": {"trained": ARM, "control": ARM},
-     "paired": {"no_ranker": PAIRED, "own_ranker": PAIRED} | null, "in_run": {...} | null}
+     "paired": {"no_ranker": PAIRED, "own_ranker": PAIRED, "heldout": PAIRED} | null, "in_run": {...} | null}
     ARM = {"run_dir", "run_command", "run_s", "returncode", "error" (null when fine),
-           "series": {...}, "eval": {...} | null, "eval_no_ranker": {...} | null}
+           "series": {...}, "eval": {...} | null, "eval_no_ranker": {...} | null, "eval_heldout": {...}}
 
-`paired` (null with `--eval-limit 0`) and `in_run` are written once both arms are done.
-
+`paired` (null with `--eval-limit 0` and no `--heldout`) and `in_run` are written once both arms are done.
 `series`: one entry per finished step (metrics.jsonl line / tasks/step_<n>.jsonl dump); a rate
 with nothing to count is null.
 - steps: the step numbers; candidates, accepted: proposed / accepted task counts;
@@ -56,6 +56,9 @@ with nothing to count is null.
 - accepted_hops: evidence-path hop count of each accepted task (from the dumps);
 - updates: {role: sequences in that role's GRPO update (0 when skipped)}; zero_var_groups: {role:
   its groups without reward variance (null when not reported)}; step_s: seconds of the step.
+`--no-own-ranker`: no own-ranker evals (`eval` null). `--heldout FILE` (`evidence.extraction --split
+heldout`): a third eval per arm, all of FILE, `ranker.mode=none`, on the run's corpus (where the clozes'
+gold passages are): `eval_heldout` (`<arm>-eval-heldout.json`), paired as `paired.heldout`.
 `eval` (own ranker) and `eval_no_ranker` (`ranker.mode=none`; the same eval under both keys when
 the run's mode is `none`), each the macro average over datasets from its coevo.eval result file: em,
 f1, cover_em, format_failure (share of episodes without a well-formed answer), searches (mean per
@@ -81,6 +84,7 @@ from typing import Any, Optional, Sequence
 
 from bench import split_overrides
 from bench.learning_stats import eval_pooled, in_run_block, paired_blocks
+from coevo.core.config import compose
 from coevo.core.io import atomic_write_text
 from coevo.evaluate.report import load_run
 from coevo.evaluate.series import extract_series  # the per-step series, shared with coevo.inspect
@@ -194,8 +198,6 @@ def run_arm(arm: str, args: argparse.Namespace, out: Path) -> dict[str, Any]:
 
 def ranker_mode(overrides: Sequence[str]) -> str:
     """The run's `ranker.mode` under these overrides (what both arms' evaluations use)."""
-    from coevo.core.config import compose
-
     return str(compose(list(overrides)).ranker.mode)
 
 
@@ -214,17 +216,26 @@ def eval_overrides(arm: str, run_dir: Path, mode: str) -> tuple[list[str], Optio
     return overrides, str(ckpt), None
 
 
-def evaluate_arm(arm: str, args: argparse.Namespace, out: Path, mode: str, name: str = "eval") -> dict[str, Any]:
+def run_corpus(overrides: Sequence[str]) -> list[str]:
+    """The overrides that give an eval the run's corpus (eval.yaml's default is wiki_mini)."""
+    corpus = compose(list(overrides)).corpus
+    return [f"corpus={corpus.name}", *([f"corpus.path={corpus.path}"] if corpus.get("path") else [])]
+
+
+def evaluate_arm(arm: str, args: argparse.Namespace, out: Path, mode: str, name: str = "eval",
+                 heldout: bool = False) -> dict[str, Any]:
     """Agent-mode eval of one arm's final solver with `ranker.mode=<mode>` into `<out>/<arm>-<name>.json`;
-    the eval summary (or its error)."""
+    the eval summary (or its error). `heldout`: every question of `--heldout` on the run's corpus instead
+    of `--eval-limit` a dataset of `--eval-data`."""
     own, ckpt, error = eval_overrides(arm, out / arm, mode)
     result: dict[str, Any] = {"ranker_mode": mode, "checkpoint": ckpt, "error": error}
     if error:
         return result
     path = out / f"{arm}-{name}.json"
+    data = [f"data={args.heldout}", "limit=null", *run_corpus(args.overrides)] if heldout \
+        else [f"data={args.eval_data}", f"limit={args.eval_limit}"]
     cmd = [sys.executable, "-m", "coevo.eval", *args.overrides, f"rollout={args.eval_rollout}", *args.eval_arg,
-           "mode=agent",
-           f"data={args.eval_data}", f"limit={args.eval_limit}", f"seed={args.seed}", f"out={path}", *own]
+           "mode=agent", *data, f"seed={args.seed}", f"out={path}", *own]
     print(f"== {name} {arm}: {_shown(cmd)}", file=sys.stderr, flush=True)
     rc, tail, seconds = run_logged(cmd, out / f"{arm}-{name}.log", f"{name} {arm}", args.arm_timeout,
                                    arm_env(args.parallel))
@@ -291,6 +302,8 @@ def parse_args(argv: Sequence[str]) -> argparse.Namespace:
     parser.add_argument("--eval-rollout", choices=("hf", "vllm"), default="vllm",
                         help="rollout engine of the evals (the arms' runs use the overrides' one)")
     parser.add_argument("--eval-arg", action="append", default=[], help="extra override for the evals only")
+    parser.add_argument("--no-own-ranker", action="store_true", help="only the ranker.mode=none evals")
+    parser.add_argument("--heldout", type=Path, default=None, help="held-out clozes, evaluated as well")
     parser.add_argument("--out", type=Path, default=None, help="default runs/learning-<stamp>")
     parser.add_argument("--png", type=Path, default=None, help="default <out>/learning.png")
     parser.add_argument("--ray", action="store_true", help="run the roles as Ray actors (default ray.local=true)")
@@ -305,6 +318,7 @@ def parse_args(argv: Sequence[str]) -> argparse.Namespace:
     args.out = (args.out or Path("runs") / f"learning-{time.strftime('%Y%m%d-%H%M%S')}").resolve()
     args.png = (args.png or args.out / "learning.png").resolve()
     args.eval_data = args.eval_data.expanduser().resolve()
+    args.heldout = args.heldout.expanduser().resolve() if args.heldout else None
     return args
 
 
@@ -342,13 +356,18 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
         with lock:
             result["arms"][arm] = arm_result
             _write({**result, "wall_s": round(time.perf_counter() - t0, 1)}, args.out)
-        arm_result["eval"] = evaluate_arm(arm, args, args.out, mode) if args.eval_limit else None
+        own = args.eval_limit and not args.no_own_ranker
+        arm_result["eval"] = evaluate_arm(arm, args, args.out, mode) if own else None
         with lock:
             _write({**result, "wall_s": round(time.perf_counter() - t0, 1)}, args.out)
         arm_result["eval_no_ranker"] = evaluate_arm(arm, args, args.out, "none", "eval-none") \
-            if args.eval_limit and mode != "none" else arm_result["eval"]
+            if args.eval_limit and (mode != "none" or not own) else arm_result["eval"]
         with lock:
             _write({**result, "wall_s": round(time.perf_counter() - t0, 1)}, args.out)
+        if args.heldout:
+            arm_result["eval_heldout"] = evaluate_arm(arm, args, args.out, "none", "eval-heldout", heldout=True)
+            with lock:
+                _write({**result, "wall_s": round(time.perf_counter() - t0, 1)}, args.out)
 
     if "error" not in result:
         if args.parallel:  # both arms at once: each is one process, so two cores serve one arm each
@@ -361,7 +380,8 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
         else:
             for arm in ARMS:
                 arm_job(arm)
-        result["paired"] = paired_blocks(result["arms"], mode) if args.eval_limit else None
+        result["paired"] = paired_blocks(result["arms"], mode, not args.no_own_ranker, args.heldout is not None) \
+            if args.eval_limit or args.heldout else None
         result["in_run"] = in_run_block(result["arms"], args.steps, args.seed)
     try:
         plot(result["arms"], args.png, result["command"])
@@ -371,6 +391,7 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
     print(_write(result, args.out), flush=True)
     failed = "error" in result or any(a.get("error") or (a.get("eval") or {}).get("error")
                                       or (a.get("eval_no_ranker") or {}).get("error")
+                                      or (a.get("eval_heldout") or {}).get("error")
                                       for a in result["arms"].values())
     return 1 if failed else 0
 

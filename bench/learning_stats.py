@@ -10,7 +10,7 @@ Blocks of `learning.json` built here (bench/learning.py's docstring shows where 
 
 - Eval (`pooled` of each eval summary, and the arms of `paired`): a question is right when its
   prediction record's `em` is 1 (the exact match coevo.eval scores); scored = questions evaluated.
-- `paired.<no_ranker | own_ranker>` = {"ranker_mode", "questions", "trained": POOLED,
+- `paired.<no_ranker | own_ranker | heldout>` = {"ranker_mode", "questions", "trained": POOLED,
   "control": POOLED, "both_right", "trained_only", "control_only", "neither", "mcnemar_p", "error"}:
   the two arms' evals in that ranker mode paired question by question (key: dataset and question
   id, from the result files' `predictions`). `mcnemar_p` is the exact McNemar test: the two-sided
@@ -219,10 +219,14 @@ def _eval_results(arms: Mapping[str, Any], key: str) -> dict[str, dict[tuple[str
     return out
 
 
-def paired_blocks(arms: Mapping[str, Any], mode: str) -> dict[str, Any]:
-    """`paired`: the no-ranker and own-ranker evals of both arms, paired (PAIRED, module docstring)."""
+def paired_blocks(arms: Mapping[str, Any], mode: str, own_ranker: bool = True,
+                  heldout: bool = False) -> dict[str, Any]:
+    """`paired`: the no-ranker and (`own_ranker`) own-ranker evals of both arms and (`heldout`) their
+    held-out cloze evals, paired (PAIRED, module docstring)."""
     blocks = {}
-    for name, key, ranker_mode in (("no_ranker", "eval_no_ranker", "none"), ("own_ranker", "eval", mode)):
+    evals = [("no_ranker", "eval_no_ranker", "none")] + [("own_ranker", "eval", mode)] * own_ranker \
+        + [("heldout", "eval_heldout", "none")] * heldout
+    for name, key, ranker_mode in evals:
         try:
             results = _eval_results(arms, key)
             blocks[name] = {"ranker_mode": ranker_mode, **paired_report(

@@ -278,3 +278,28 @@ def test_in_run_block_pools_the_finished_steps_of_both_run_dirs(tmp_path):
     assert block["error"] is None and [q["steps"] for q in block["quarters"]] == [[0], [1], [], []]
     missing = learning_stats.in_run_block({"trained": {"run_dir": str(tmp_path / "nowhere")}}, steps=2, seed=0)
     assert set(missing) == {"error"} and "nowhere" in missing["error"]
+
+
+def test_paired_blocks_skip_own_ranker_and_pair_the_heldout_clozes(tmp_path):
+    arms = {}
+    for arm, right in (("trained", {1, 2, 3, 4, 5, 6}), ("control", {1, 2, 7})):
+        (tmp_path / f"{arm}.json").write_text(json.dumps(_eval_result(right)))
+        result = {"file": str(tmp_path / f"{arm}.json"), "error": None}
+        arms[arm] = {"eval": None, "eval_no_ranker": result, "eval_heldout": result}
+    blocks = learning_stats.paired_blocks(arms, "trainable", own_ranker=False, heldout=True)
+    assert set(blocks) == {"no_ranker", "heldout"}
+    assert blocks["heldout"]["ranker_mode"] == "none" and blocks["heldout"]["mcnemar_p"] == pytest.approx(0.375)
+    assert (blocks["heldout"]["trained_only"], blocks["heldout"]["control_only"]) == (4, 1)
+
+
+def test_heldout_eval_scores_every_cloze_without_a_ranker_on_the_runs_corpus(tmp_path, monkeypatch):
+    commands = []
+    monkeypatch.setattr(learning, "run_logged", lambda cmd, *a, **k: (commands.append(cmd) or (1, ["boom"], 0.1)))
+    args = learning.parse_args(["--heldout", str(tmp_path / "clozes.jsonl"), "--out", str(tmp_path), "--",
+                                "corpus=wiki_mini"])
+    result = learning.evaluate_arm("control", args, tmp_path, "none", "eval-heldout", heldout=True)
+    assert result["error"].startswith("coevo.eval exited with code 1")
+    cmd = commands[0]
+    assert f"data={tmp_path / 'clozes.jsonl'}" in cmd and "limit=null" in cmd and "ranker.mode=none" in cmd
+    assert cmd.index("corpus=wiki_mini", cmd.index("mode=agent")) > cmd.index("mode=agent")  # after eval.yaml's keys
+    assert learning.run_corpus([]) == ["corpus=vital_articles"]

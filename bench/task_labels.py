@@ -14,7 +14,7 @@ every labelled task and prints ONE JSON line:
     {"labelled": n, "true": a, "loose": b, "false": c, "unlabelled": u,
      "f": {"strict": true share, "loose": (true + loose) share},
      "checks": {reason code: {"key": "evidence.<key>", "rejected": r, "rejected_false": x, "rejected_loose": y,
-                              "precision": x / r, "recall": x / c}},   (also "any": the three together)
+                              "precision": x / r, "recall": x / c}},   (also "any": every check together)
      "in_force": {"keys": [...], "kept": k, "f": {"strict", "loose"}}}
 Precision and recall are of a check's rejections against the `false` labels: a rejected `loose` task counts
 against precision (it is not false). A share with a zero denominator is null. `in_force`: the checks the
@@ -103,7 +103,7 @@ def score(rows: list[dict[str, Any]], keys_in_force: Sequence[str] = ()) -> dict
     rejects = [_rejects(r) for r in labelled]
     checks = {reason: _check_row(f"evidence.{key}", [r for r, rej in zip(labelled, rejects) if rej[reason]], n_false)
               for key, reason, _ in CHECKS}
-    checks["any"] = _check_row("all three", [r for r, rej in zip(labelled, rejects) if any(rej.values())], n_false)
+    checks["any"] = _check_row("all checks", [r for r, rej in zip(labelled, rejects) if any(rej.values())], n_false)
     force = [reason for key, reason, _ in CHECKS if key in keys_in_force]
     kept = [r for r, rej in zip(labelled, rejects) if not any(rej[c] for c in force)]
     return {"labelled": len(labelled), **{lab: sum(r["label"] == lab for r in labelled) for lab in LABELS},

@@ -69,9 +69,18 @@ def parse_target(text: Any) -> tuple[Optional[str], str]:
     return (value, "ok") if value else (None, "empty")
 
 
+# A list marker a small model puts before its one question ("1. What …", "- What …"): not part of it.
+_LIST_MARKER = re.compile(r"^(?:\d{1,2}[.)]|[-*•])\s+(?=[^\W\d_])")
+
+
 def parse_question(text: Any) -> tuple[Optional[str], str]:
-    """Call 2 output → question string. Form checks (one '?', length) belong to static validation."""
-    return parse_tagged(text, "question")
+    """Call 2 output → question string, a leading list marker dropped. Form checks (one '?', length) belong
+    to static validation."""
+    value, reason = parse_tagged(text, "question")
+    if value is None:
+        return None, reason
+    value = _LIST_MARKER.sub("", value)
+    return (value, "ok") if value else (None, "empty")
 
 
 # `proposer.grounding` (not ZEST): the titles of passages retrieved for the reference question

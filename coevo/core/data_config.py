@@ -94,6 +94,8 @@ class EvidenceConfig:
         False, "asks_about_head: who/what is/was <a path head>? (\"Who was Bill Gates?\" -> Microsoft)")
     relation_support: bool = key(
         False, "unsupported_relation: a question content word no path sentence or entity writes")
+    target_page: bool = key(
+        False, "off_target_page: the path's last sentence is on another entity's page, not the target's")
     # Not in ZEST (docs/method.md §3.4; off in the paper presets):
     # a task the solver's first search cannot reach is rejected.
     retrievable: bool = key(

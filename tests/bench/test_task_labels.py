@@ -10,8 +10,10 @@ from bench import task_labels
 from coevo.core.types import EvidencePath, Hop
 
 
-def _path(target: str, head: str, sentence: str) -> dict:
-    hop = Hop(head=head, tail=target, sentence=sentence, passage_id=f"p-{head}", title=head, score=1.0, cue="relation")
+def _path(target: str, head: str, sentence: str, title: str = "") -> dict:
+    """One hop from `head` to `target`, its sentence on the page `title` (default: the target's own)."""
+    hop = Hop(head=head, tail=target, sentence=sentence, passage_id=f"p-{head}", title=title or target, score=1.0,
+              cue="relation")
     return EvidencePath(target, (hop,)).to_record()
 
 
@@ -23,6 +25,9 @@ ROWS = [
      _path("Tasmania", "Australia", "Tasmania is an island state of Australia."), "false"),  # unsupported: capital
     ("What is the answer to the question: what did Bill Gates found?", "Microsoft", GATES,
      "false"),  # meta_question; unsupported: answer, question
+    ("What is the largest moon in the Solar System?", "Mercury",
+     _path("Mercury", "Titan", "Titan, the largest moon in the Solar System after Ganymede, is larger than Mercury.",
+           "Titan (moon)"), "false"),  # off_target_page only: every word is on the path
     ("What is the capital of France?", "Paris", _path("Paris", "France", "Paris is the capital of France."), "true"),
     ("Who wrote the play Hamlet?", "William Shakespeare",
      _path("William Shakespeare", "Hamlet", "Hamlet is a tragedy written by William Shakespeare."),
@@ -44,21 +49,23 @@ def test_score_against_hand_computed_precision_and_recall(tmp_path, capsys):
     f = _write_labels(tmp_path)
     assert task_labels.main(["score", str(f), "--", "evidence.head_subject=true", "evidence.meta_wording=true"]) == 0
     out = json.loads(capsys.readouterr().out)
-    assert (out["labelled"], out["true"], out["false"], out["loose"], out["unlabelled"]) == (6, 2, 3, 1, 1)
-    assert out["f"] == {"strict": 0.3333, "loose": 0.5}  # 2 of 6; (2 + 1) of 6
+    assert (out["labelled"], out["true"], out["false"], out["loose"], out["unlabelled"]) == (7, 2, 4, 1, 1)
+    assert out["f"] == {"strict": 0.2857, "loose": 0.4286}  # 2 of 7; (2 + 1) of 7
     checks = out["checks"]
     assert checks["meta_question"] == {"key": "evidence.meta_wording", "rejected": 1, "rejected_false": 1,
-                                       "rejected_loose": 0, "precision": 1.0, "recall": 0.3333}
+                                       "rejected_loose": 0, "precision": 1.0, "recall": 0.25}
     assert checks["asks_about_head"] == {"key": "evidence.head_subject", "rejected": 1, "rejected_false": 1,
-                                         "rejected_loose": 0, "precision": 1.0, "recall": 0.3333}
-    # rows 2, 3, 5, 6: two false of four rejected; two of the three false
+                                         "rejected_loose": 0, "precision": 1.0, "recall": 0.25}
+    # rows 2, 3, 6, 7: two false of four rejected; two of the four false
     assert checks["unsupported_relation"] == {"key": "evidence.relation_support", "rejected": 4, "rejected_false": 2,
-                                              "rejected_loose": 1, "precision": 0.5, "recall": 0.6667}
-    assert checks["any"] == {"key": "all three", "rejected": 5, "rejected_false": 3, "rejected_loose": 1,
-                             "precision": 0.6, "recall": 1.0}
-    # head and meta on: rows 2, 4, 5, 6 kept; 2 true and 1 loose of 4
-    assert out["in_force"] == {"keys": ["evidence.meta_wording", "evidence.head_subject"], "kept": 4,
-                               "f": {"strict": 0.5, "loose": 0.75}}
+                                              "rejected_loose": 1, "precision": 0.5, "recall": 0.5}
+    assert checks["off_target_page"] == {"key": "evidence.target_page", "rejected": 1, "rejected_false": 1,
+                                         "rejected_loose": 0, "precision": 1.0, "recall": 0.25}
+    assert checks["any"] == {"key": "all checks", "rejected": 6, "rejected_false": 4, "rejected_loose": 1,
+                             "precision": 0.6667, "recall": 1.0}
+    # head and meta on: rows 2, 4, 5, 6, 7 kept; 2 true and 1 loose of 5
+    assert out["in_force"] == {"keys": ["evidence.meta_wording", "evidence.head_subject"], "kept": 5,
+                               "f": {"strict": 0.4, "loose": 0.6}}
 
 
 def test_score_without_overrides_and_with_nothing_labelled():
@@ -89,7 +96,7 @@ def test_dump_writes_every_accepted_task_in_step_order(tmp_path, capsys):
     rows = [json.loads(x) for x in out.read_text().splitlines()]
     assert [(r["id"], r["step"], r["question"]) for r in rows] == [("s2-1", 2, "Who was Bill Gates?"),
                                                                    ("s10-0", 10, "Who founded Microsoft?")]
-    assert rows[0]["sentences"] == ["Bill Gates: Bill Gates co-founded Microsoft in 1975."]
+    assert rows[0]["sentences"] == ["Microsoft: Bill Gates co-founded Microsoft in 1975."]
     assert rows[0]["path"] == GATES and rows[0]["label"] is None and rows[0]["target"] == "Microsoft"
 
 

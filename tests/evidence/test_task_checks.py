@@ -9,6 +9,7 @@ from evidence.pipeline import EvidencePipeline
 from evidence.task_checks import (
     asked_head,
     meta_wording,
+    off_target_page,
     superlative_stem,
     task_check_verdict,
     unsupported_words,
@@ -111,6 +112,35 @@ def test_checks_never_raise(junk):
     assert unsupported_words(junk, junk, junk) == [] and isinstance(unsupported_words(junk, "Paris", PARIS), list)
 
 
+@pytest.mark.parametrize("target, task, page", [
+    ("Mercury", LARGER, "Ganymede"),  # the moon's page names Mercury in passing
+    ("Ajmer", AJMER, "Prithviraj Chauhan"),
+    ("Ajmer", AJMER_2, "Prithviraj Chauhan"),  # the last hop's page is what counts
+    ("Jaws (film)", JAWS, "Agnatha"),
+    ("Microsoft", MICROSOFT, "Bill Gates"),
+    ("Egypt", path("Egypt", ("Sudan", "Egypt", "He founded a dynasty that ruled Egypt.", "Muhammad Ali of Egypt")),
+     "Muhammad Ali of Egypt"),  # a one-word alias is not the page's name
+    # on the target's own page
+    ("Paris", PARIS, None),
+    ("Kilimanjaro", KILIMANJARO, None),  # "Mount Kilimanjaro": a one-word alias of a two-word title
+    ("Sistine Chapel", CHAPEL, None),
+    ("Newton", path("Newton", ("SI", "Newton", "The newton is the unit of force.", "Newton (unit)")), None),
+    ("The Treaty of Versailles", path("Treaty of Versailles", ("Allied", "Treaty of Versailles", "It ended the war.",
+                                                               "Treaty of Versailles")), None),
+    ("Mount Kilimanjaro", path("Mount Kilimanjaro", ("Africa", "Kilimanjaro", "It is in Tanzania.",
+                                                     "Kilimanjaro National Park")), "Kilimanjaro National Park"),
+    ("International Business Machines", path("IBM", ("US", "IBM", "IBM makes computers.", "IBM")), None),
+])
+def test_off_target_page(target, task, page):
+    assert off_target_page("Which one?", target, task) == page
+
+
+def test_off_target_page_never_raises():
+    for junk in (None, 3, "", "?", ["a"]):
+        assert off_target_page(junk, junk, junk) is None and off_target_page("q", junk, PARIS) is None
+    assert off_target_page("q", "Paris", path("Paris", ("France", "Paris", "Paris is.", ""))) is None
+
+
 def test_stems():
     assert [word_stem(w) for w in ("capitals", "moved", "move", "stopped", "cities", "wrote", "written")] == [
         "capital", "mov", "mov", "stop", "city", "writ", "writ"]
@@ -134,7 +164,8 @@ def test_verdict_chain_runs_the_keys_given_in_order():
 
 def test_pipeline_keys_are_off_by_default_and_each_switches_its_check():
     cfg = to_object(compose([]))
-    assert not (cfg.evidence.meta_wording or cfg.evidence.head_subject or cfg.evidence.relation_support)
+    assert not (cfg.evidence.meta_wording or cfg.evidence.head_subject or cfg.evidence.relation_support
+                or cfg.evidence.target_page)
     tasks = [("Who was Bill Gates in 1975?", "Microsoft", MICROSOFT),
              ("What is the capital of Australia?", "Tasmania", TASMANIA),
              ("What is the answer to the question: what did Bill Gates found?", "Microsoft", MICROSOFT),
@@ -151,6 +182,8 @@ def test_pipeline_keys_are_off_by_default_and_each_switches_its_check():
     assert reasons(relation_support=True) == ["ok", "unsupported_relation", "unsupported_relation", "ok"]
     # "in 1975" is no filler: the question asks about Gates in that year, not about Gates
     assert reasons(head_subject=True) == ["ok", "ok", "ok", "ok"]
+    # the Gates tasks' sentence is on Bill Gates's page, not Microsoft's
+    assert reasons(target_page=True) == ["off_target_page", "ok", "off_target_page", "ok"]
     q[0] = "Who was Bill Gates?"
     assert reasons(head_subject=True, meta_wording=True, relation_support=True) == [
         "asks_about_head", "unsupported_relation", "meta_question", "ok"]

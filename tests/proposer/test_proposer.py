@@ -42,6 +42,12 @@ def test_parse_target(text, expected):
 def test_parse_question():
     assert parse_question("<question>Who led it?</question>") == ("Who led it?", "ok")
     assert parse_question("Who led it?") == (None, "no_question_tag")
+    # run 12: "1. What is the name of the astronaut …" (the "1" then read as an unsupported word)
+    assert parse_question("<question>1. What is the name of the astronaut?</question>") == (
+        "What is the name of the astronaut?", "ok")
+    assert parse_question("<question>- Who led it?</question>") == ("Who led it?", "ok")
+    assert parse_question("<question>1989 was the year of what?</question>") == ("1989 was the year of what?", "ok")
+    assert parse_question("<question>2. 3 kings?</question>") == ("2. 3 kings?", "ok")  # no word after the marker
 
 
 @given(st.text())

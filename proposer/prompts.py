@@ -69,17 +69,19 @@ def parse_target(text: Any) -> tuple[Optional[str], str]:
     return (value, "ok") if value else (None, "empty")
 
 
-# A list marker a small model puts before its one question ("1. What …", "- What …"): not part of it.
+# A list marker or label a small model puts before its one question ("1. What …", "- What …",
+# "Your question: What …"): not part of it.
 _LIST_MARKER = re.compile(r"^(?:\d{1,2}[.)]|[-*•])\s+(?=[^\W\d_])")
+_QUESTION_LABEL = re.compile(r"^(?:(?:your|the|new|my)\s+)?question\s*\d{0,2}\s*:\s*(?=[^\W\d_])", re.IGNORECASE)
 
 
 def parse_question(text: Any) -> tuple[Optional[str], str]:
-    """Call 2 output → question string, a leading list marker dropped. Form checks (one '?', length) belong
-    to static validation."""
+    """Call 2 output → question string, a leading list marker or "Question:" label dropped. Form checks
+    (one '?', length) belong to static validation."""
     value, reason = parse_tagged(text, "question")
     if value is None:
         return None, reason
-    value = _LIST_MARKER.sub("", value)
+    value = _QUESTION_LABEL.sub("", _LIST_MARKER.sub("", value))
     return (value, "ok") if value else (None, "empty")
 
 

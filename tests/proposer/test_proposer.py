@@ -48,6 +48,11 @@ def test_parse_question():
     assert parse_question("<question>- Who led it?</question>") == ("Who led it?", "ok")
     assert parse_question("<question>1989 was the year of what?</question>") == ("1989 was the year of what?", "ok")
     assert parse_question("<question>2. 3 kings?</question>") == ("2. 3 kings?", "ok")  # no word after the marker
+    # a label before the question (run 13: "Your question: What is the eighth studio album …" read as meta)
+    assert parse_question("<question>Your question: Who led it?</question>") == ("Who led it?", "ok")
+    assert parse_question("<question>1. Question 2: Who led it?</question>") == ("Who led it?", "ok")
+    meta = "What is the answer to the question: who led it?"
+    assert parse_question(f"<question>{meta}</question>") == (meta, "ok")  # meta wording stays for meta_question
 
 
 @given(st.text())

@@ -27,6 +27,8 @@ Blocks of `learning.json` built here (bench/learning.py's docstring shows where 
   the bench's `--seed`); `wilson_95` treats rollouts as independent, `bootstrap_95` does not.
   `fisher_p`: two-sided `fisher_exact` of [[right, wrong] trained, [right, wrong] control], null
   when an arm sampled nothing.
+  With `solver.extraction_mix`, `in_run.extraction` holds the same figures (less its own
+  `extraction`) over the mixed corpus clozes' sampled rollouts: right by their dumped `accuracy`.
 - QUARTER = {"steps": [step indices], "trained": POOLED, "control": POOLED, "fisher_p"} over the
   tasks of those steps (POOLED's `scored` there counts sampled rollouts). The
   quarters are fixed by `--steps` alone, never by what a run did: `numpy.array_split` of the step
@@ -42,6 +44,7 @@ from typing import Any, Iterable, Mapping, Optional, Sequence
 import numpy as np
 from scipy.stats import binomtest, fisher_exact
 
+from coevo.core.io import iter_jsonl, step_of
 from coevo.evaluate.report import load_run, number
 from coevo.evaluate.series import step_key
 
@@ -130,8 +133,10 @@ def paired_report(trained: Mapping[tuple[str, str], bool], control: Mapping[tupl
 
 # ---- in-run figures -------------------------------------------------------------------------
 
-def task_counts(records: Iterable[Mapping[str, Any]], steps: Optional[Iterable[int]] = None) -> list[TaskCount]:
-    """(step, right, sampled) of each accepted task with sampled rollouts and a numeric `accuracy`.
+def task_counts(records: Iterable[Mapping[str, Any]], steps: Optional[Iterable[int]] = None,
+                clozes: bool = False) -> list[TaskCount]:
+    """(step, right, sampled) of each accepted task (`clozes`: each mixed corpus cloze) with sampled
+    rollouts and a numeric `accuracy`.
 
     `records` are dump records with their `step` (as `load_run` gives them); `steps`, when given,
     keeps those steps only (the finished ones). right = round(accuracy × sampled).
@@ -139,7 +144,8 @@ def task_counts(records: Iterable[Mapping[str, Any]], steps: Optional[Iterable[i
     kept = None if steps is None else set(steps)
     out = []
     for r in records:
-        if not r.get("accepted") or (kept is not None and r.get("step") not in kept):
+        wanted = r.get("kind") == "extraction" if clozes else r.get("accepted")
+        if not wanted or (kept is not None and r.get("step") not in kept):
             continue
         sampled = sum(1 for ro in r.get("rollouts") or [] if isinstance(ro, dict) and not ro.get("guided"))
         accuracy = number(r.get("accuracy"))
@@ -148,10 +154,15 @@ def task_counts(records: Iterable[Mapping[str, Any]], steps: Optional[Iterable[i
     return out
 
 
-def run_task_counts(run_dir: Path) -> list[TaskCount]:
-    """`task_counts` of a run directory's finished steps (those with a metrics.jsonl line)."""
+def run_task_counts(run_dir: Path, clozes: bool = False) -> list[TaskCount]:
+    """`task_counts` of a run directory's finished steps (those with a metrics.jsonl line); `clozes`: of
+    its mixed corpus clozes (`solver.extraction_mix`), which `load_run` leaves out of the task records."""
     records, metrics = load_run(run_dir)
-    return task_counts(records, [s for m in metrics if (s := step_key(m)) is not None])
+    if clozes:
+        dumps = [(step_of(f.name, ".jsonl"), f) for f in sorted((Path(run_dir) / "tasks").glob("step_*.jsonl"))]
+        records = [{**r, "step": n} for n, f in dumps if n is not None
+                   for _, r in iter_jsonl(f, objects=True, skip_torn_last=True)]
+    return task_counts(records, [s for m in metrics if (s := step_key(m)) is not None], clozes)
 
 
 def quarter_blocks(steps: int) -> list[list[int]]:
@@ -240,7 +251,13 @@ def paired_blocks(arms: Mapping[str, Any], mode: str, own_ranker: bool = True,
 def in_run_block(arms: Mapping[str, Any], steps: int, seed: int) -> dict[str, Any]:
     """`in_run` from the arms' run directories (an unreadable one: `error`, no figures)."""
     try:
-        counts = {arm: run_task_counts(Path((arms.get(arm) or {})["run_dir"])) for arm in ("trained", "control")}
+        counts, clozes = {}, {}
+        for arm in ("trained", "control"):
+            run_dir = Path((arms.get(arm) or {})["run_dir"])
+            counts[arm], clozes[arm] = run_task_counts(run_dir), run_task_counts(run_dir, clozes=True)
     except (KeyError, OSError, ValueError) as e:
         return {"error": f"reading the arms' task dumps: {type(e).__name__}: {e}"}
-    return in_run_report(counts["trained"], counts["control"], steps, seed)
+    report = in_run_report(counts["trained"], counts["control"], steps, seed)
+    if clozes["trained"] or clozes["control"]:
+        report["extraction"] = in_run_report(clozes["trained"], clozes["control"], steps, seed)
+    return report

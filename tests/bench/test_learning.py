@@ -303,3 +303,24 @@ def test_heldout_eval_scores_every_cloze_without_a_ranker_on_the_runs_corpus(tmp
     assert f"data={tmp_path / 'clozes.jsonl'}" in cmd and "limit=null" in cmd and "ranker.mode=none" in cmd
     assert cmd.index("corpus=wiki_mini", cmd.index("mode=agent")) > cmd.index("mode=agent")  # after eval.yaml's keys
     assert learning.run_corpus([]) == ["corpus=vital_articles"]
+
+
+def test_in_run_block_pools_the_mixed_clozes_apart_from_the_tasks(tmp_path):
+    for arm, cloze_accuracy in (("trained", 2 / 3), ("control", 0.0)):
+        run_dir = tmp_path / arm
+        (run_dir / "tasks").mkdir(parents=True)
+        for step in (0, 1, 2):  # step 2 unfinished: no metrics line
+            task = {"accepted": True, "accuracy": 0.0, "reason": "accepted", "rollouts": [{}, {}]}
+            cloze = {"kind": "extraction", "task_id": f"s{step}-x0", "accuracy": cloze_accuracy,
+                     "rollouts": [{}, {}, {}, {"guided": True}]}  # 3 sampled, the guided replay left out
+            (run_dir / "tasks" / f"step_{step}.jsonl").write_text(json.dumps(task) + "\n" + json.dumps(cloze) + "\n")
+        (run_dir / "metrics.jsonl").write_text('{"step": 0}\n{"step": 1}\n')
+    block = learning_stats.in_run_block({arm: {"run_dir": str(tmp_path / arm)} for arm in ("trained", "control")},
+                                        steps=2, seed=0)
+    assert (block["trained"]["right"], block["trained"]["sampled"]) == (0, 4)  # the tasks alone
+    clozes = block["extraction"]
+    assert (clozes["trained"]["right"], clozes["trained"]["sampled"], clozes["trained"]["tasks"]) == (4, 6, 2)
+    assert (clozes["control"]["right"], clozes["control"]["sampled"]) == (0, 6)
+    # [[4, 2], [0, 6]]: P(x) = C(6,x) C(6,4-x) / C(12,4); two-sided over the x at most as likely as x = 4
+    probs = [math.comb(6, x) * math.comb(6, 4 - x) / math.comb(12, 4) for x in range(5)]
+    assert clozes["fisher_p"] == pytest.approx(sum(p for p in probs if p <= probs[4] * (1 + 1e-9)))

@@ -22,7 +22,7 @@ from coevo.core.scoring import answer_aliases, echoes
 from coevo.core.types import HEAD_MARK, Completion, EvidencePath, SamplingParams, TrainSequence, Verdict
 from proposer.hops import NO_PATH_OF_K_HOPS, choose_path
 from proposer.prompts import parse_question, parse_target, question_messages, target_messages
-from proposer.reward import proposer_reward
+from proposer.reward import N_STAGES, QUESTION_FORM_REASONS, proposer_reward
 
 TARGET_MAX_TOKENS = 48  # an entity name plus tags; longer outputs are cut and fail to parse
 QUESTION_MAX_TOKENS = 128
@@ -84,14 +84,17 @@ class Candidate:
 
     @property
     def stages_passed(self) -> int:
-        """Checks passed, in order: target parse, target validation, path, question parse, question checks."""
+        """Checks passed, in order: target parse, target validation, path, question parse, question form
+        (`QUESTION_FORM_REASONS`), question content."""
         if self.accepted:
-            return 5
+            return N_STAGES
         first = {"target": 0, "path": 2, "question": 3}.get(self.stage, 0)
         # A parse failure (or a prompt never generated) stops at the stage's first check; a verdict's
-        # rejection is one check later.
+        # rejection is one check later, and a question past its form one more.
         unparsed = self.reason.startswith("parse:") or self.reason == PROMPT_BUDGET
-        return first if self.stage == "path" or unparsed else first + 1
+        if self.stage == "path" or unparsed:
+            return first
+        return first + 1 + (self.stage == "question" and self.reason not in QUESTION_FORM_REASONS)
 
     def to_record(self, task_id: Optional[str], rollouts: list[dict[str, Any]],
                   timings: dict[str, float]) -> dict[str, Any]:

@@ -6,8 +6,14 @@ from typing import Optional
 from coevo.core.choices import ProposerReward
 
 # Checks a candidate can pass before it is a task: target parse, target validation, evidence
-# path, question parse, question checks. `stages_passed` of a rejected candidate is 0 … 4.
-N_STAGES = 5
+# path, question parse, question form, question content. `stages_passed` of a rejected candidate
+# is 0 … 5. Form and content are two stages because with one, "your question?" (too short) earned
+# what a real question rejected for its content earned, and a proposer learned to write it
+# (docs/learning.md, run 13).
+N_STAGES = 6
+# Question reason codes of the form stage (evidence/validate.py): a rejection for any other
+# question reason passed the form.
+QUESTION_FORM_REASONS = frozenset({"empty", "not_question", "too_short", "too_long", "multiple_questions"})
 
 
 def difficulty_reward(accuracy: float, kind: str = "abs") -> float:
@@ -28,10 +34,10 @@ def difficulty_reward(accuracy: float, kind: str = "abs") -> float:
 
 
 def invalid_reward(invalid_penalty: float = 0.5, stages_passed: int = 0, by_stage: bool = False) -> float:
-    """Reward of a rejected candidate: −penalty, or with `by_stage` −penalty·(5 − k)/5, k = stages passed.
+    """Reward of a rejected candidate: −penalty, or with `by_stage` −penalty·(6 − k)/6, k = stages passed.
 
-    Graded, an unparsable target earns −penalty and a candidate whose question failed the last
-    checks −penalty/5: a group whose candidates all fail at different stages still has reward
+    Graded, an unparsable target earns −penalty and a candidate whose question failed the content
+    checks −penalty/6: a group whose candidates all fail at different stages still has reward
     variance, so the proposer can learn to get further (a valid target first) before any task
     is accepted. Every graded value stays below 0, the least an accepted task earns.
     """

@@ -90,5 +90,5 @@ def test_not_retrievable_is_counted_in_the_steps_reasons(pipeline):
         cands.append(cand)
     check_questions(pipeline(), cands)
     assert [(c.stage, c.reason) for c in cands] == [("accepted", "accepted"), ("question", "not_retrievable")]
-    assert cands[1].stages_passed == 4  # past the question parse, rejected by a question check
+    assert cands[1].stages_passed == 5  # past the question parse and form, rejected by a content check
     assert step_metrics(cands, [], [], top_k=3)["reasons"] == {"not_retrievable": 1}

@@ -113,9 +113,10 @@ def test_adversarial_is_a_config_choice():
     assert cfg.proposer.reward == "adversarial"
 
 
-@pytest.mark.parametrize("passed,expected", [(0, -0.5), (1, -0.4), (2, -0.3), (3, -0.2), (4, -0.1), (9, -0.1)])
+@pytest.mark.parametrize("passed,expected", [(0, -0.5), (1, -5 / 12), (2, -1 / 3), (3, -0.25), (4, -1 / 6),
+                                             (5, -1 / 12), (9, -1 / 12)])
 def test_invalid_reward_by_stage(passed, expected):
-    # -0.5 * (5 - k) / 5
+    # -0.5 * (6 - k) / 6
     assert invalid_reward(0.5, passed, by_stage=True) == pytest.approx(expected)
     assert invalid_reward(0.5, passed, by_stage=False) == -0.5  # today's flat penalty
     assert proposer_reward(None, 0.5, "abs", passed, by_stage=True) == pytest.approx(expected)
@@ -131,17 +132,26 @@ def _cand(ref_index, index, stage, reason, reward=None, question=True):
 
 @pytest.mark.parametrize("stage,reason,passed", [
     ("target", "parse:no_target_tag", 0), ("target", "not_entity", 1), ("target", "no_corpus_support", 1),
-    ("path", "no_certified_path", 2), ("question", "parse:no_question_tag", 3), ("question", "leaks_target", 4),
-    ("accepted", "accepted", 5),
+    ("path", "no_certified_path", 2), ("question", "parse:no_question_tag", 3), ("question", "too_short", 4),
+    ("question", "not_question", 4), ("question", "leaks_target", 5), ("question", "unsupported_relation", 5),
+    ("accepted", "accepted", 6),
 ])
 def test_stages_passed(stage, reason, passed):
     assert _cand(0, 0, stage, reason).stages_passed == passed
 
 
+def test_a_real_question_rejected_for_its_content_beats_a_junk_one():
+    # run 13: "your question?" (too_short) earned what a rejected real question earned, and won
+    junk, real = _cand(0, 0, "question", "too_short"), _cand(0, 1, "question", "off_target_page")
+    assert proposer_reward(None, 0.5, "abs", junk.stages_passed, by_stage=True) < \
+        proposer_reward(None, 0.5, "abs", real.stages_passed, by_stage=True) < 0.0
+
+
 def test_stage_graded_penalty_gives_a_rejected_group_variance():
     """Two unparsable targets and two valid targets whose questions leak: flat penalty -> one
-    zero-variance group; graded -> rewards [-0.5, -0.5, -0.1, -0.1], mean -0.3, unbiased std
-    sqrt(4 * 0.04 / 3) = 0.23094, advantages -+0.2 / 0.23094 = -+0.8660."""
+    zero-variance group; graded -> rewards [-0.5, -0.5, -1/12, -1/12] (a leak passed the question's
+    form: 5 of 6 stages), mean -7/24, unbiased std sqrt(4 * (5/24)^2 / 3), advantages
+    -+(5/24) / that = -+sqrt(3/4) = -+0.8660."""
     def group():
         return [_cand(0, 0, "target", "parse:no_target_tag", question=False),
                 _cand(0, 1, "target", "parse:no_target_tag", question=False),
@@ -154,7 +164,7 @@ def test_stage_graded_penalty_gives_a_rejected_group_variance():
     assert proposer_sequences(flat) == ([], GroupStats(groups=1, zero_var_groups=1, members=4))
     graded = group()
     assign_proposer_rewards(graded, dataclasses.replace(base, invalid_penalty_by_stage=True))
-    assert [c.reward for c in graded] == pytest.approx([-0.5, -0.5, -0.1, -0.1])
+    assert [c.reward for c in graded] == pytest.approx([-0.5, -0.5, -1 / 12, -1 / 12])
     batch, info = proposer_sequences(graded)
     assert info == GroupStats(groups=1, zero_var_groups=0, members=4)
     # call 1 of each candidate, call 2 of the two that reached the question

@@ -154,15 +154,16 @@ def task_counts(records: Iterable[Mapping[str, Any]], steps: Optional[Iterable[i
     return out
 
 
-def run_task_counts(run_dir: Path, clozes: bool = False) -> list[TaskCount]:
-    """`task_counts` of a run directory's finished steps (those with a metrics.jsonl line); `clozes`: of
-    its mixed corpus clozes (`solver.extraction_mix`), which `load_run` leaves out of the task records."""
+def run_task_counts(run_dir: Path) -> tuple[list[TaskCount], list[TaskCount]]:
+    """(`task_counts` of the accepted tasks, of the mixed corpus clozes) of a run directory's finished steps
+    (those with a metrics.jsonl line). `load_run` leaves the clozes (`solver.extraction_mix`) out of its
+    task records, so the dumps are read once more for them."""
     records, metrics = load_run(run_dir)
-    if clozes:
-        dumps = [(step_of(f.name, ".jsonl"), f) for f in sorted((Path(run_dir) / "tasks").glob("step_*.jsonl"))]
-        records = [{**r, "step": n} for n, f in dumps if n is not None
-                   for _, r in iter_jsonl(f, objects=True, skip_torn_last=True)]
-    return task_counts(records, [s for m in metrics if (s := step_key(m)) is not None], clozes)
+    finished = [s for m in metrics if (s := step_key(m)) is not None]
+    dumps = [(step_of(f.name, ".jsonl"), f) for f in sorted((Path(run_dir) / "tasks").glob("step_*.jsonl"))]
+    clozes = [{**r, "step": n} for n, f in dumps if n is not None
+              for _, r in iter_jsonl(f, objects=True, skip_torn_last=True) if r.get("kind") == "extraction"]
+    return task_counts(records, finished), task_counts(clozes, finished, clozes=True)
 
 
 def quarter_blocks(steps: int) -> list[list[int]]:
@@ -254,7 +255,7 @@ def in_run_block(arms: Mapping[str, Any], steps: int, seed: int) -> dict[str, An
         counts, clozes = {}, {}
         for arm in ("trained", "control"):
             run_dir = Path((arms.get(arm) or {})["run_dir"])
-            counts[arm], clozes[arm] = run_task_counts(run_dir), run_task_counts(run_dir, clozes=True)
+            counts[arm], clozes[arm] = run_task_counts(run_dir)
     except (KeyError, OSError, ValueError) as e:
         return {"error": f"reading the arms' task dumps: {type(e).__name__}: {e}"}
     report = in_run_report(counts["trained"], counts["control"], steps, seed)

@@ -248,9 +248,9 @@ def off_target_page(question: Any, target: Any, path: Any) -> Optional[str]:
     (also when the path has no titled sentence or the target is not a string)."""
     hops = _hops(path)
     title = getattr(hops[-1], "title", None) if hops else None
-    if not isinstance(title, str) or not isinstance(target, str) or not title_key(title) or not title_key(target):
+    page, want = (title_key(x) if isinstance(x, str) else "" for x in (title, target))
+    if not page or not want:
         return None
-    page, want = title_key(title), title_key(target)
     short, long_ = sorted((page, want), key=lambda k: len(k.split()))
     named = page == want or is_acronym(page, want) or is_acronym(want, page) or (
         (len(short.split()) >= 2 or len(long_.split()) <= 2) and is_alias(page, want))

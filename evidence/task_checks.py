@@ -45,6 +45,18 @@ or None, and runs behind its own `evidence.*` key (`CHECKS`, in the order the pi
   "Which strait connects the Mediterranean to the Atlantic?" → Red Sea from the Mediterranean's. On 69
   hand-labelled tasks (docs/task-labels-run12.jsonl) 2 of the 27 tasks off their target's page were
   true, 16 of the 42 on it.
+- `rank_mismatch` (`evidence.rank_scope`): a rank the question gives must be the rank a path sentence
+  gives, at the same scope. A *rank phrase* is a run of rank words (ordinals "first" … "twelfth", "last",
+  "3rd"; superlatives, "most", "least") and the word after it (two after "most"/"least"): "first woman",
+  "seventh largest indian", "most famous work". Some sentence must write it word for word (by
+  `word_stem`), not inside a longer run ("largest moon" is not written by "second-largest moon"), and
+  when the sentence goes on with a scope (in/on/of/among/within/by and up to `MAX_SCOPE` words, to a
+  comma or "and"/"after"/"than" …) the question must write the scope's content words too. "What is the
+  first woman to rule Egypt?" → Hatshepsut from "Egypt's second confirmed woman who ruled …, the first
+  being Sobekneferu" is rejected (no sentence writes "first woman"), as is "What is the highest volcano in
+  the world?" → Kilimanjaro from "the highest volcano in the Eastern Hemisphere" (scope "eastern
+  hemisphere"). A rank the sentence paraphrases ("most famous work" against "magnum opus") is rejected:
+  the price of a word-for-word rule.
 """
 from __future__ import annotations
 
@@ -124,6 +136,12 @@ forest forests interest honest modest earnest harvest protest contest request co
 invest manifest priest inquest bequest southwest northwest midwest everest budapest bucharest tempest behest
 attest detest infest molest divest
 """.split())
+ORDINALS = frozenset("first second third fourth fifth sixth seventh eighth ninth tenth eleventh twelfth last".split())
+_ORDINAL_NUMBER = re.compile(r"^\d+(?:st|nd|rd|th)$")
+SCOPE_PREPOSITIONS = frozenset("in on of among within by".split())
+SCOPE_STOPS = frozenset("and or but after than which who whom that while whereas before since with".split())
+MAX_SCOPE = 4
+_CLAUSE_BREAK = re.compile(r"[,;:()\[\]]|\s[-–—]\s")
 MAX_TRAILING = 2
 TRAILING = frozenset("exactly really actually originally today now then once historically".split())
 _ASK_HEAD = re.compile(r"^\s*(?:who|what)\s+(?:is|was|are|were)\s+(.+?)[\s?？.!]*$", re.IGNORECASE | re.DOTALL)
@@ -257,6 +275,65 @@ def off_target_page(question: Any, target: Any, path: Any) -> Optional[str]:
     return None if named else title
 
 
+def _is_rank(word: str) -> bool:
+    return word in ORDINALS or bool(_ORDINAL_NUMBER.match(word)) or superlative_stem(word) is not None
+
+
+def rank_phrases(words: list[str]) -> list[tuple[int, int]]:
+    """(start, end) of each rank phrase in `words`: a run of rank words and the word after it, two after
+    "most"/"least" ("fourth most notable peak on earth" → the span of "fourth most notable peak")."""
+    out, i = [], 0
+    while i < len(words):
+        if not _is_rank(words[i]):
+            i += 1
+            continue
+        j = i
+        while j < len(words) and _is_rank(words[j]):
+            j += 1
+        out.append((i, min(j + (2 if words[j - 1] in ("most", "least") else 1), len(words))))
+        i = j
+    return out
+
+
+def _scope(clause: list[str], k: int) -> list[str]:
+    """Content words of the scope that opens at `clause[k]` ("in the eastern hemisphere" → eastern,
+    hemisphere), [] when no scope preposition stands there."""
+    if k >= len(clause) or clause[k] not in SCOPE_PREPOSITIONS:
+        return []
+    out = []
+    for word in clause[k + 1:k + 1 + MAX_SCOPE]:
+        if word in SCOPE_STOPS:
+            break
+        if word not in FUNCTION_WORDS and (len(word) > 2 or word.isdigit()):
+            out.append(word)
+    return out
+
+
+def _same(a: str, b: str) -> bool:
+    return _matches(word_stem(a), word_stem(b))
+
+
+def rank_mismatch(question: Any, target: Any, path: Any) -> Optional[str]:
+    """The question's first rank phrase that no path sentence writes at the question's scope (the module
+    docstring's rule), with what the sentence's scope holds when that is what differs; None when all hold
+    or the path has no sentence (`no_evidence` is another check)."""
+    words = _words(question)
+    clauses = [_words(c) for h in _hops(path) for c in _CLAUSE_BREAK.split(h.sentence)]
+    if not clauses:
+        return None
+    for start, end in rank_phrases(words):
+        phrase, scopes = words[start:end], []
+        for clause in clauses:
+            for j in range(len(clause) - len(phrase) + 1):
+                if all(_same(a, b) for a, b in zip(phrase, clause[j:])) and (j == 0 or not _is_rank(clause[j - 1])):
+                    scopes.append(_scope(clause, j + len(phrase)))
+        held = [s for s in scopes if all(any(_same(w, q) for q in words) for w in s)]
+        if not held:
+            scope = next((s for s in scopes if s), None)
+            return " ".join(phrase) + (f" (the sentence's scope: {' '.join(scope)})" if scope else "")
+    return None
+
+
 def _unsupported(question: Any, target: Any, path: Any) -> Optional[str]:
     words = unsupported_words(question, target, path)
     return " ".join(words) if words else None
@@ -268,6 +345,7 @@ CHECKS: tuple[tuple[str, str, Callable[[Any, Any, Any], Optional[str]]], ...] = 
     ("head_subject", "asks_about_head", asked_head),
     ("relation_support", "unsupported_relation", _unsupported),
     ("target_page", "off_target_page", off_target_page),
+    ("rank_scope", "rank_mismatch", rank_mismatch),
 )
 
 

@@ -96,6 +96,8 @@ class EvidenceConfig:
         False, "unsupported_relation: a question content word no path sentence or entity writes")
     target_page: bool = key(
         False, "off_target_page: the path's last sentence is on another entity's page, not the target's")
+    rank_scope: bool = key(
+        False, "rank_mismatch: a rank or scope (\"first woman\", \"highest ... in the world\") no path sentence gives")
     # Not in ZEST (docs/method.md §3.4; off in the paper presets):
     # a task the solver's first search cannot reach is rejected.
     retrievable: bool = key(

@@ -10,6 +10,8 @@ from evidence.task_checks import (
     asked_head,
     meta_wording,
     off_target_page,
+    rank_mismatch,
+    rank_phrases,
     superlative_stem,
     task_check_verdict,
     unsupported_words,
@@ -135,6 +137,52 @@ def test_off_target_page(target, task, page):
     assert off_target_page("Which one?", target, task) == page
 
 
+HATSHEPSUT = path("Hatshepsut", ("Egypt", "Hatshepsut", "She was Egypt's second confirmed woman who ruled in her own "
+                                 "right, the first being Sobekneferu in the Twelfth Dynasty.", "Hatshepsut"))
+VOLCANO = path("Mount Kilimanjaro", ("Eastern Hemisphere", "Mount Kilimanjaro", "It is also the highest volcano in the "
+                                     "Eastern Hemisphere and the fourth most prominent peak on Earth.", "Mount Kilimanjaro"))
+TITAN = path("Titan (moon)", ("Ganymede", "Titan (moon)", "It is the second-largest moon in the Solar System after "
+                              "Jupiter's Ganymede, and is larger than Mercury.", "Titan (moon)"))
+ARMSTRONG = path("Neil Armstrong", ("Apollo 11", "Neil Armstrong", "Neil Armstrong, as the commander of the 1969 Apollo "
+                                    "11 mission, became the first person to walk on the Moon.", "Neil Armstrong"))
+YEN = path("Japanese yen", ("euro", "Japanese yen", "It is the third-most traded currency in the foreign exchange "
+                            "market, after the United States dollar and the euro.", "Japanese yen"))
+
+
+@pytest.mark.parametrize("question, task, found", [
+    # labelled false in docs/task-labels-run12.jsonl
+    ("What is the first name of the first woman to rule Egypt in her own right?", HATSHEPSUT, "first name"),
+    ("What was the name of the first woman in the Twelfth Dynasty to rule Egypt?", HATSHEPSUT, "first woman"),
+    ("What is the highest volcano in the world?", VOLCANO,
+     "highest volcano (the sentence's scope: eastern hemisphere)"),
+    ("What is the highest mountain on Earth?", VOLCANO, "highest mountain"),
+    ("What is the largest moon in the Solar System?", TITAN, "largest moon"),  # only "second-largest moon" is written
+    ("What is the third largest moon in the Solar System?", TITAN, "third largest moon"),
+    # true (or loose) tasks: the rank and its scope are written
+    ("Who was the first person to walk on the Moon?", ARMSTRONG, None),
+    ("What is the second-largest moon in the Solar System?", TITAN, None),
+    ("What is the highest volcano in the Eastern Hemisphere?", VOLCANO, None),
+    ("What is the fourth most prominent peak on Earth?", VOLCANO, None),
+    ("What is the third most traded currency in the foreign exchange market?", YEN, None),
+    ("What is the capital of France?", PARIS, None),  # no rank: nothing to check
+])
+def test_rank_mismatch(question, task, found):
+    assert rank_mismatch(question, task.target, task) == found
+
+
+def test_rank_phrases():
+    words = "what is fourth most notable peak on earth and largest moon".split()
+    assert [" ".join(words[a:b]) for a, b in rank_phrases(words)] == ["fourth most notable peak", "largest moon"]
+    assert rank_phrases(["forest", "west", "best"]) == [(2, 3)] and rank_phrases([]) == []
+
+
+@pytest.mark.parametrize("junk", [None, 3, "", "?", "\x00\ufffd", "first", "most most most", "the 3rd", ["a"]])
+def test_rank_mismatch_never_raises(junk):
+    assert rank_mismatch(junk, junk, junk) is None and rank_mismatch("What is the first city?", junk, junk) is None
+    found = rank_mismatch(junk, "Paris", PARIS)
+    assert found is None or (isinstance(junk, str) and found in junk)
+
+
 def test_off_target_page_never_raises():
     for junk in (None, 3, "", "?", ["a"]):
         assert off_target_page(junk, junk, junk) is None and off_target_page("q", junk, PARIS) is None
@@ -165,7 +213,7 @@ def test_verdict_chain_runs_the_keys_given_in_order():
 def test_pipeline_keys_are_off_by_default_and_each_switches_its_check():
     cfg = to_object(compose([]))
     assert not (cfg.evidence.meta_wording or cfg.evidence.head_subject or cfg.evidence.relation_support
-                or cfg.evidence.target_page)
+                or cfg.evidence.target_page or cfg.evidence.rank_scope)
     tasks = [("Who was Bill Gates in 1975?", "Microsoft", MICROSOFT),
              ("What is the capital of Australia?", "Tasmania", TASMANIA),
              ("What is the answer to the question: what did Bill Gates found?", "Microsoft", MICROSOFT),
@@ -184,6 +232,7 @@ def test_pipeline_keys_are_off_by_default_and_each_switches_its_check():
     assert reasons(head_subject=True) == ["ok", "ok", "ok", "ok"]
     # the Gates tasks' sentence is on Bill Gates's page, not Microsoft's
     assert reasons(target_page=True) == ["off_target_page", "ok", "off_target_page", "ok"]
+    assert reasons(rank_scope=True) == ["ok", "ok", "ok", "ok"]
     q[0] = "Who was Bill Gates?"
     assert reasons(head_subject=True, meta_wording=True, relation_support=True) == [
         "asks_about_head", "unsupported_relation", "meta_question", "ok"]

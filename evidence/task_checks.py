@@ -141,6 +141,7 @@ _ORDINAL_NUMBER = re.compile(r"^\d+(?:st|nd|rd|th)$")
 SCOPE_PREPOSITIONS = frozenset("in on of among within by".split())
 SCOPE_STOPS = frozenset("and or but after than which who whom that while whereas before since with".split())
 MAX_SCOPE = 4
+DATE_NOUNS = frozenset("century centuries millennium millennia".split())
 _CLAUSE_BREAK = re.compile(r"[,;:()\[\]]|\s[-–—]\s")
 MAX_TRAILING = 2
 TRAILING = frozenset("exactly really actually originally today now then once historically".split())
@@ -290,6 +291,9 @@ def rank_phrases(words: list[str]) -> list[tuple[int, int]]:
         j = i
         while j < len(words) and _is_rank(words[j]):
             j += 1
+        if j < len(words) and words[j] in DATE_NOUNS:  # "18th-century": a date, not a rank
+            i = j
+            continue
         out.append((i, min(j + (2 if words[j - 1] in ("most", "least") else 1), len(words))))
         i = j
     return out

@@ -139,12 +139,14 @@ def test_off_target_page(target, task, page):
 
 HATSHEPSUT = path("Hatshepsut", ("Egypt", "Hatshepsut", "She was Egypt's second confirmed woman who ruled in her own "
                                  "right, the first being Sobekneferu in the Twelfth Dynasty.", "Hatshepsut"))
-VOLCANO = path("Mount Kilimanjaro", ("Eastern Hemisphere", "Mount Kilimanjaro", "It is also the highest volcano in the "
-                                     "Eastern Hemisphere and the fourth most prominent peak on Earth.", "Mount Kilimanjaro"))
+VOLCANO = path("Mount Kilimanjaro", ("Eastern Hemisphere", "Mount Kilimanjaro", "It is also the highest volcano in "
+                                     "the Eastern Hemisphere and the fourth most prominent peak on Earth.",
+                                     "Mount Kilimanjaro"))
 TITAN = path("Titan (moon)", ("Ganymede", "Titan (moon)", "It is the second-largest moon in the Solar System after "
                               "Jupiter's Ganymede, and is larger than Mercury.", "Titan (moon)"))
-ARMSTRONG = path("Neil Armstrong", ("Apollo 11", "Neil Armstrong", "Neil Armstrong, as the commander of the 1969 Apollo "
-                                    "11 mission, became the first person to walk on the Moon.", "Neil Armstrong"))
+ARMSTRONG = path("Neil Armstrong", ("Apollo 11", "Neil Armstrong", "Neil Armstrong, as the commander of the 1969 "
+                                    "Apollo 11 mission, became the first person to walk on the Moon.",
+                                    "Neil Armstrong"))
 YEN = path("Japanese yen", ("euro", "Japanese yen", "It is the third-most traded currency in the foreign exchange "
                             "market, after the United States dollar and the euro.", "Japanese yen"))
 
@@ -174,6 +176,7 @@ def test_rank_phrases():
     words = "what is fourth most notable peak on earth and largest moon".split()
     assert [" ".join(words[a:b]) for a, b in rank_phrases(words)] == ["fourth most notable peak", "largest moon"]
     assert rank_phrases(["forest", "west", "best"]) == [(2, 3)] and rank_phrases([]) == []
+    assert rank_phrases("18th century english playwright".split()) == []  # a date, not a rank
 
 
 @pytest.mark.parametrize("junk", [None, 3, "", "?", "\x00\ufffd", "first", "most most most", "the 3rd", ["a"]])

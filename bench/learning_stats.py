@@ -29,6 +29,9 @@ Blocks of `learning.json` built here (bench/learning.py's docstring shows where 
   when an arm sampled nothing.
   With `solver.extraction_mix`, `in_run.extraction` holds the same figures (less its own
   `extraction`) over the mixed corpus clozes' sampled rollouts: right by their dumped `accuracy`.
+  `in_run.acceptance` = {"trained": POOLED + "steps", "control": …, "fisher_p", "quarters": [QUARTER × 4]}:
+  the proposer's candidates that became tasks, right = accepted and scored = candidates summed over the
+  finished steps' metrics lines ("steps": how many), Fisher as above (extraction clozes are no candidates).
 - QUARTER = {"steps": [step indices], "trained": POOLED, "control": POOLED, "fisher_p"} over the
   tasks of those steps (POOLED's `scored` there counts sampled rollouts). The
   quarters are fixed by `--steps` alone, never by what a run did: `numpy.array_split` of the step
@@ -154,16 +157,18 @@ def task_counts(records: Iterable[Mapping[str, Any]], steps: Optional[Iterable[i
     return out
 
 
-def run_task_counts(run_dir: Path) -> tuple[list[TaskCount], list[TaskCount]]:
-    """(`task_counts` of the accepted tasks, of the mixed corpus clozes) of a run directory's finished steps
-    (those with a metrics.jsonl line). `load_run` leaves the clozes (`solver.extraction_mix`) out of its
-    task records, so the dumps are read once more for them."""
+def run_task_counts(run_dir: Path) -> tuple[list[TaskCount], list[TaskCount], list[TaskCount]]:
+    """(`task_counts` of the accepted tasks, of the mixed corpus clozes, and (step, accepted, candidates) of
+    each step) of a run directory's finished steps (those with a metrics.jsonl line). `load_run` leaves the
+    clozes (`solver.extraction_mix`) out of its task records, so the dumps are read once more for them."""
     records, metrics = load_run(run_dir)
     finished = [s for m in metrics if (s := step_key(m)) is not None]
     dumps = [(step_of(f.name, ".jsonl"), f) for f in sorted((Path(run_dir) / "tasks").glob("step_*.jsonl"))]
     clozes = [{**r, "step": n} for n, f in dumps if n is not None
               for _, r in iter_jsonl(f, objects=True, skip_torn_last=True) if r.get("kind") == "extraction"]
-    return task_counts(records, finished), task_counts(clozes, finished, clozes=True)
+    acceptance = [(s, int(number(m.get("accepted")) or 0), int(number(m.get("candidates")) or 0))
+                  for m in metrics if (s := step_key(m)) is not None]
+    return task_counts(records, finished), task_counts(clozes, finished, clozes=True), acceptance
 
 
 def quarter_blocks(steps: int) -> list[list[int]]:
@@ -216,6 +221,19 @@ def in_run_report(trained: Sequence[TaskCount], control: Sequence[TaskCount], st
             "bootstrap": {"resamples": BOOTSTRAP_RESAMPLES, "seed": seed, "confidence": CONFIDENCE}, "error": None}
 
 
+def acceptance_report(trained: Sequence[TaskCount], control: Sequence[TaskCount], steps: int) -> dict[str, Any]:
+    """`in_run.acceptance` (module docstring) from each arm's (step, accepted, candidates) per finished step."""
+    arms = {arm: {**pooled(*_sums(counts)), "steps": len(counts)} for arm, counts in
+            (("trained", trained), ("control", control))}
+    quarters = []
+    for block_steps in quarter_blocks(steps):
+        (at, ct), (ac, cc) = _sums(trained, set(block_steps)), _sums(control, set(block_steps))
+        quarters.append({"steps": block_steps, "trained": pooled(at, ct), "control": pooled(ac, cc),
+                         "fisher_p": fisher_p(at, ct, ac, cc)})
+    return {**arms, "fisher_p": fisher_p(arms["trained"]["right"], arms["trained"]["scored"],
+                                         arms["control"]["right"], arms["control"]["scored"]), "quarters": quarters}
+
+
 # ---- the blocks of learning.json ------------------------------------------------------------
 
 def _eval_results(arms: Mapping[str, Any], key: str) -> dict[str, dict[tuple[str, str], bool]]:
@@ -252,13 +270,14 @@ def paired_blocks(arms: Mapping[str, Any], mode: str, own_ranker: bool = True,
 def in_run_block(arms: Mapping[str, Any], steps: int, seed: int) -> dict[str, Any]:
     """`in_run` from the arms' run directories (an unreadable one: `error`, no figures)."""
     try:
-        counts, clozes = {}, {}
+        counts, clozes, acceptance = {}, {}, {}
         for arm in ("trained", "control"):
             run_dir = Path((arms.get(arm) or {})["run_dir"])
-            counts[arm], clozes[arm] = run_task_counts(run_dir)
+            counts[arm], clozes[arm], acceptance[arm] = run_task_counts(run_dir)
     except (KeyError, OSError, ValueError) as e:
         return {"error": f"reading the arms' task dumps: {type(e).__name__}: {e}"}
     report = in_run_report(counts["trained"], counts["control"], steps, seed)
+    report["acceptance"] = acceptance_report(acceptance["trained"], acceptance["control"], steps)
     if clozes["trained"] or clozes["control"]:
         report["extraction"] = in_run_report(clozes["trained"], clozes["control"], steps, seed)
     return report

@@ -247,6 +247,19 @@ def test_in_run_report_on_hand_made_counts():
     assert quarters[1]["fisher_p"] == pytest.approx(30 / 70)
 
 
+def test_acceptance_report_pools_candidates_per_arm_and_quarter():
+    trained = [(0, 0, 48), (1, 1, 48), (2, 3, 48), (3, 4, 48)]
+    control = [(0, 0, 48), (1, 0, 48), (2, 1, 48), (3, 0, 48)]
+    report = learning_stats.acceptance_report(trained, control, steps=4)
+    assert (report["trained"]["right"], report["trained"]["scored"], report["trained"]["steps"]) == (8, 192, 4)
+    assert (report["control"]["right"], report["control"]["scored"]) == (1, 192)
+    # [[8, 184], [1, 191]]: P(x) = C(192,x) C(192,9-x) / C(384,9); two-sided over the x at most as likely as 8
+    probs = [math.comb(192, x) * math.comb(192, 9 - x) / math.comb(384, 9) for x in range(10)]
+    assert report["fisher_p"] == pytest.approx(sum(p for p in probs if p <= probs[8] * (1 + 1e-9)))
+    assert [(q["trained"]["right"], q["control"]["right"]) for q in report["quarters"]] == [(0, 0), (1, 0), (3, 1),
+                                                                                               (4, 0)]
+
+
 def test_paired_blocks_read_the_eval_files(tmp_path):
     arms = {}
     for arm, right in (("trained", {1, 2, 3, 4, 5, 6}), ("control", {1, 2, 7})):
@@ -276,6 +289,7 @@ def test_in_run_block_pools_the_finished_steps_of_both_run_dirs(tmp_path):
                                         steps=2, seed=0)
     assert (block["trained"]["right"], block["trained"]["sampled"], block["control"]["right"]) == (2, 4, 0)
     assert block["error"] is None and [q["steps"] for q in block["quarters"]] == [[0], [1], [], []]
+    assert block["acceptance"]["trained"]["scored"] == 0  # these metrics lines name no candidates
     missing = learning_stats.in_run_block({"trained": {"run_dir": str(tmp_path / "nowhere")}}, steps=2, seed=0)
     assert set(missing) == {"error"} and "nowhere" in missing["error"]
 

@@ -2,6 +2,7 @@
 
     .venv/bin/python -m bench.task_labels dump RUN_DIR --out FILE.jsonl
     .venv/bin/python -m bench.task_labels score FILE.jsonl [-- overrides]
+    .venv/bin/python -m bench.task_labels merge A.jsonl B.jsonl --out FILE.jsonl
 
 `dump` writes every accepted task of RUN_DIR/tasks/step_<n>.jsonl, in step order, one JSON line each:
 {"id", "step", "question", "target", "answers", "sentences": ["<title>: <sentence>", …], "path": the
@@ -20,6 +21,11 @@ Precision and recall are of a check's rejections against the `false` labels: a r
 against precision (it is not false). A share with a zero denominator is null. `in_force`: the checks the
 config composed from the overrides switches on (e.g. `evidence.relation_support=true`), and f over the tasks
 they all keep: what turning them on would leave.
+
+`merge` joins two labellers' files of the same tasks (matched by `id`; each file must hold the same ids,
+once each, every one labelled): each task takes the LOWER of its two labels (true > loose > false, the
+rubric's rule for a doubt) and both notes ("A: …; B: …"), in A's order. It prints ONE JSON line:
+{"tasks": n, "agree": a, "pairs": {"<A label>/<B label>": count, …}, "out": FILE}.
 """
 from __future__ import annotations
 
@@ -35,6 +41,7 @@ from coevo.core.io import atomic_write_jsonl, iter_jsonl, step_of
 from evidence.task_checks import CHECKS
 
 LABELS = ("true", "false", "loose")
+RANK = {"false": 0, "loose": 1, "true": 2}  # merge keeps the lower
 
 
 def _share(n: int, d: int) -> Optional[float]:
@@ -112,6 +119,33 @@ def score(rows: list[dict[str, Any]], keys_in_force: Sequence[str] = ()) -> dict
                          "f": _f(kept)}}
 
 
+def _by_id(path: Path) -> dict[Any, dict[str, Any]]:
+    rows: dict[Any, dict[str, Any]] = {}
+    for row in read_labels(path):
+        if row.get("label") is None:
+            raise ValueError(f"{path}: task {row.get('id')!r} is not labelled (merge needs every task labelled)")
+        if row.get("id") in rows:
+            raise ValueError(f"{path}: task {row.get('id')!r} appears twice")
+        rows[row.get("id")] = row
+    return rows
+
+
+def merge(a: Path, b: Path) -> tuple[list[dict[str, Any]], dict[str, Any]]:
+    """The merged rows and the agreement figures of two labellers' files (module docstring)."""
+    first, second = _by_id(a), _by_id(b)
+    if set(first) != set(second):
+        odd = sorted(map(str, set(first) ^ set(second)))[:3]
+        raise ValueError(f"{a} and {b} do not label the same tasks (e.g. {', '.join(odd)})")
+    rows, pairs = [], {}
+    for task_id, row in first.items():
+        la, lb = row["label"], second[task_id]["label"]
+        pairs[f"{la}/{lb}"] = pairs.get(f"{la}/{lb}", 0) + 1
+        rows.append({**row, "label": min(la, lb, key=RANK.__getitem__),
+                     "note": f"A: {row.get('note') or ''}; B: {second[task_id].get('note') or ''}"})
+    agree = sum(n for k, n in pairs.items() if len(set(k.split("/"))) == 1)
+    return rows, {"tasks": len(rows), "agree": agree, "pairs": dict(sorted(pairs.items()))}
+
+
 def keys_in_force(overrides: Sequence[str]) -> list[str]:
     """The `CHECKS` keys the config composed from `overrides` switches on."""
     evidence = compose(list(overrides)).evidence
@@ -119,7 +153,7 @@ def keys_in_force(overrides: Sequence[str]) -> list[str]:
 
 
 def main(argv: Optional[Sequence[str]] = None) -> int:
-    """`dump` or `score` (module docstring); 2 with a message on stderr for a bad run dir or file."""
+    """`dump`, `score` or `merge` (module docstring); 2 with a message on stderr for a bad run dir or file."""
     options, overrides = split_overrides(sys.argv[1:] if argv is None else argv)
     parser = argparse.ArgumentParser(prog="python -m bench.task_labels", description=__doc__,
                                      formatter_class=argparse.RawDescriptionHelpFormatter)
@@ -129,12 +163,20 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
     d.add_argument("--out", type=Path, required=True)
     s = sub.add_parser("score", help="each check's precision and recall against the labels")
     s.add_argument("file", type=Path)
+    m = sub.add_parser("merge", help="two labellers' files: the lower label of each task, and their agreement")
+    m.add_argument("a", type=Path)
+    m.add_argument("b", type=Path)
+    m.add_argument("--out", type=Path, required=True)
     args = parser.parse_args(options)
+    if args.command != "score" and overrides:
+        parser.error(f"{args.command} takes no overrides")
     try:
         if args.command == "dump":
-            if overrides:
-                parser.error("dump takes no overrides")
             print(json.dumps({"tasks": dump(args.run_dir, args.out), "out": str(args.out)}))
+        elif args.command == "merge":
+            rows, figures = merge(args.a, args.b)
+            atomic_write_jsonl(args.out, rows)
+            print(json.dumps({**figures, "out": str(args.out)}))
         else:
             print(json.dumps(score(read_labels(args.file), keys_in_force(overrides))))
     except (OSError, ValueError) as e:

@@ -109,3 +109,34 @@ def test_bad_inputs_exit_2_with_the_reason(tmp_path, capsys, argv, message):
     (tmp_path / "LABELS").write_text(json.dumps({"question": "Who?", "label": "yes"}) + "\n")
     assert task_labels.main([str(tmp_path / a) if a.isupper() else a for a in argv]) == 2
     assert message in capsys.readouterr().err
+
+
+def _labels(path, rows) -> None:
+    path.write_text("".join(json.dumps({"id": i, "question": "Q?", "label": lab, "note": n}) + "\n"
+                            for i, lab, n in rows))
+
+
+def test_merge_keeps_the_lower_label_and_counts_agreement(tmp_path, capsys):
+    _labels(tmp_path / "a.jsonl", [("t1", "true", "x"), ("t2", "true", "y"), ("t3", "false", "z"), ("t4", "loose", "")])
+    _labels(tmp_path / "b.jsonl", [("t4", "true", "w"), ("t3", "false", "v"), ("t2", "loose", "u"), ("t1", "true", "")])
+    out = tmp_path / "merged.jsonl"
+    assert task_labels.main(["merge", str(tmp_path / "a.jsonl"), str(tmp_path / "b.jsonl"), "--out", str(out)]) == 0
+    assert json.loads(capsys.readouterr().out) == {
+        "tasks": 4, "agree": 2, "pairs": {"false/false": 1, "loose/true": 1, "true/loose": 1, "true/true": 1},
+        "out": str(out)}
+    rows = [json.loads(x) for x in out.read_text().splitlines()]
+    assert [(r["id"], r["label"]) for r in rows] == [("t1", "true"), ("t2", "loose"), ("t3", "false"), ("t4", "loose")]
+    assert rows[1]["note"] == "A: y; B: u"
+
+
+@pytest.mark.parametrize("b_rows, message", [
+    ([("t1", "true", ""), ("t9", "true", "")], "do not label the same tasks (e.g. t2, t9)"),
+    ([("t1", "true", ""), ("t2", None, "")], "task 't2' is not labelled"),
+    ([("t1", "true", ""), ("t1", "true", ""), ("t2", "true", "")], "task 't1' appears twice"),
+])
+def test_merge_refuses_files_that_do_not_pair(tmp_path, capsys, b_rows, message):
+    _labels(tmp_path / "a.jsonl", [("t1", "true", ""), ("t2", "false", "")])
+    _labels(tmp_path / "b.jsonl", b_rows)
+    out = tmp_path / "merged.jsonl"
+    assert task_labels.main(["merge", str(tmp_path / "a.jsonl"), str(tmp_path / "b.jsonl"), "--out", str(out)]) == 2
+    assert message in capsys.readouterr().err and not out.exists()

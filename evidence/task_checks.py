@@ -51,7 +51,8 @@ or None, and runs behind its own `evidence.*` key (`CHECKS`, in the order the pi
   "seventh largest indian", "most famous work". Some sentence must write it word for word (by
   `word_stem`), not inside a longer run ("largest moon" is not written by "second-largest moon"), and
   when the sentence goes on with a scope (in/on/of/among/within/by and up to `MAX_SCOPE` words, to a
-  comma or "and"/"after"/"than" …) the question must write the scope's content words too. "What is the
+  comma or "and"/"after"/"than" …) the question must write the scope's content words too (not a kind
+  noun such as "region"). "What is the
   first woman to rule Egypt?" → Hatshepsut from "Egypt's second confirmed woman who ruled …, the first
   being Sobekneferu" is rejected (no sentence writes "first woman"), as is "What is the highest volcano in
   the world?" → Kilimanjaro from "the highest volcano in the Eastern Hemisphere" (scope "eastern
@@ -142,6 +143,8 @@ SCOPE_PREPOSITIONS = frozenset("in on of among within by".split())
 SCOPE_STOPS = frozenset("and or but after than which who whom that while whereas before since with".split())
 MAX_SCOPE = 4
 DATE_NOUNS = frozenset("century centuries millennium millennia".split())
+# Nouns that name a scope's kind, not the scope: "in the Pacific Northwest region" is "in the Pacific Northwest".
+SCOPE_KIND_WORDS = frozenset("region regions area areas".split())
 _CLAUSE_BREAK = re.compile(r"[,;:()\[\]]|\s[-–—]\s")
 MAX_TRAILING = 2
 TRAILING = frozenset("exactly really actually originally today now then once historically".split())
@@ -308,7 +311,7 @@ def _scope(clause: list[str], k: int) -> list[str]:
     for word in clause[k + 1:k + 1 + MAX_SCOPE]:
         if word in SCOPE_STOPS:
             break
-        if word not in FUNCTION_WORDS and (len(word) > 2 or word.isdigit()):
+        if word not in FUNCTION_WORDS | GENERIC_WORDS | SCOPE_KIND_WORDS and (len(word) > 2 or word.isdigit()):
             out.append(word)
     return out
 

@@ -147,6 +147,8 @@ TITAN = path("Titan (moon)", ("Ganymede", "Titan (moon)", "It is the second-larg
 ARMSTRONG = path("Neil Armstrong", ("Apollo 11", "Neil Armstrong", "Neil Armstrong, as the commander of the 1969 "
                                     "Apollo 11 mission, became the first person to walk on the Moon.",
                                     "Neil Armstrong"))
+COLUMBIA = path("Columbia River", ("North America", "Columbia River", "The Columbia River is the largest river in the "
+                                   "Pacific Northwest region of North America.", "Columbia River"))
 YEN = path("Japanese yen", ("euro", "Japanese yen", "It is the third-most traded currency in the foreign exchange "
                             "market, after the United States dollar and the euro.", "Japanese yen"))
 
@@ -167,6 +169,8 @@ YEN = path("Japanese yen", ("euro", "Japanese yen", "It is the third-most traded
     ("What is the fourth most prominent peak on Earth?", VOLCANO, None),
     ("What is the third most traded currency in the foreign exchange market?", YEN, None),
     ("What is the capital of France?", PARIS, None),  # no rank: nothing to check
+    ("What is the largest river in the Pacific Northwest?", COLUMBIA, None),  # "region" names the scope's kind
+    ("What is the largest river?", COLUMBIA, "largest river (the sentence's scope: pacific northwest)"),
 ])
 def test_rank_mismatch(question, task, found):
     assert rank_mismatch(question, task.target, task) == found

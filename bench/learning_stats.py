@@ -200,6 +200,16 @@ def _sums(counts: Sequence[TaskCount], steps: Optional[set[int]] = None) -> tupl
     return sum(c[1] for c in kept), sum(c[2] for c in kept)
 
 
+def quarter_rows(trained: Sequence[TaskCount], control: Sequence[TaskCount], steps: int) -> list[dict[str, Any]]:
+    """QUARTER (module docstring) of each of the bench's quarters, from (step, right, scored) counts of both arms."""
+    rows = []
+    for block_steps in quarter_blocks(steps):
+        (rt, st), (rc, sc) = _sums(trained, set(block_steps)), _sums(control, set(block_steps))
+        rows.append({"steps": block_steps, "trained": pooled(rt, st), "control": pooled(rc, sc),
+                     "fisher_p": fisher_p(rt, st, rc, sc)})
+    return rows
+
+
 def in_run_report(trained: Sequence[TaskCount], control: Sequence[TaskCount], steps: int,
                   seed: int) -> dict[str, Any]:
     """`in_run` (module docstring) from each arm's `task_counts`; `steps` is the bench's `--steps`."""
@@ -210,14 +220,9 @@ def in_run_report(trained: Sequence[TaskCount], control: Sequence[TaskCount], st
         arms[arm] = {"right": right, "sampled": sampled, "tasks": len(counts), "share": block["share"],
                      "wilson_95": block["wilson_95"],
                      "bootstrap_95": cluster_bootstrap([(c[1], c[2]) for c in counts], seed)}
-    quarters = []
-    for block_steps in quarter_blocks(steps):
-        (rt, st), (rc, sc) = _sums(trained, set(block_steps)), _sums(control, set(block_steps))
-        quarters.append({"steps": block_steps, "trained": pooled(rt, st), "control": pooled(rc, sc),
-                         "fisher_p": fisher_p(rt, st, rc, sc)})
     return {**arms, "fisher_p": fisher_p(arms["trained"]["right"], arms["trained"]["sampled"],
                                          arms["control"]["right"], arms["control"]["sampled"]),
-            "quarters": quarters,
+            "quarters": quarter_rows(trained, control, steps),
             "bootstrap": {"resamples": BOOTSTRAP_RESAMPLES, "seed": seed, "confidence": CONFIDENCE}, "error": None}
 
 
@@ -225,13 +230,9 @@ def acceptance_report(trained: Sequence[TaskCount], control: Sequence[TaskCount]
     """`in_run.acceptance` (module docstring) from each arm's (step, accepted, candidates) per finished step."""
     arms = {arm: {**pooled(*_sums(counts)), "steps": len(counts)} for arm, counts in
             (("trained", trained), ("control", control))}
-    quarters = []
-    for block_steps in quarter_blocks(steps):
-        (at, ct), (ac, cc) = _sums(trained, set(block_steps)), _sums(control, set(block_steps))
-        quarters.append({"steps": block_steps, "trained": pooled(at, ct), "control": pooled(ac, cc),
-                         "fisher_p": fisher_p(at, ct, ac, cc)})
     return {**arms, "fisher_p": fisher_p(arms["trained"]["right"], arms["trained"]["scored"],
-                                         arms["control"]["right"], arms["control"]["scored"]), "quarters": quarters}
+                                         arms["control"]["right"], arms["control"]["scored"]),
+            "quarters": quarter_rows(trained, control, steps)}
 
 
 # ---- the blocks of learning.json ------------------------------------------------------------

@@ -279,6 +279,9 @@ def off_target_page(question: Any, target: Any, path: Any) -> Optional[str]:
     return None if named else title
 
 
+_NOT_SCOPE_WORDS = FUNCTION_WORDS | GENERIC_WORDS | SCOPE_KIND_WORDS
+
+
 def _is_rank(word: str) -> bool:
     return word in ORDINALS or bool(_ORDINAL_NUMBER.match(word)) or superlative_stem(word) is not None
 
@@ -311,7 +314,7 @@ def _scope(clause: list[str], k: int) -> list[str]:
     for word in clause[k + 1:k + 1 + MAX_SCOPE]:
         if word in SCOPE_STOPS:
             break
-        if word not in FUNCTION_WORDS | GENERIC_WORDS | SCOPE_KIND_WORDS and (len(word) > 2 or word.isdigit()):
+        if word not in _NOT_SCOPE_WORDS and (len(word) > 2 or word.isdigit()):
             out.append(word)
     return out
 

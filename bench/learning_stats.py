@@ -162,12 +162,12 @@ def run_task_counts(run_dir: Path) -> tuple[list[TaskCount], list[TaskCount], li
     each step) of a run directory's finished steps (those with a metrics.jsonl line). `load_run` leaves the
     clozes (`solver.extraction_mix`) out of its task records, so the dumps are read once more for them."""
     records, metrics = load_run(run_dir)
-    finished = [s for m in metrics if (s := step_key(m)) is not None]
+    acceptance = [(s, int(number(m.get("accepted")) or 0), int(number(m.get("candidates")) or 0))
+                  for m in metrics if (s := step_key(m)) is not None]
+    finished = [a[0] for a in acceptance]
     dumps = [(step_of(f.name, ".jsonl"), f) for f in sorted((Path(run_dir) / "tasks").glob("step_*.jsonl"))]
     clozes = [{**r, "step": n} for n, f in dumps if n is not None
               for _, r in iter_jsonl(f, objects=True, skip_torn_last=True) if r.get("kind") == "extraction"]
-    acceptance = [(s, int(number(m.get("accepted")) or 0), int(number(m.get("candidates")) or 0))
-                  for m in metrics if (s := step_key(m)) is not None]
     return task_counts(records, finished), task_counts(clozes, finished, clozes=True), acceptance
 
 

@@ -19,10 +19,18 @@ from coevo.core.choices import PathLength
 from coevo.core.config import ProposerConfig
 from coevo.core.grpo import GroupStats, group_advantages
 from coevo.core.scoring import answer_aliases, echoes
-from coevo.core.types import HEAD_MARK, Completion, EvidencePath, SamplingParams, TrainSequence, Verdict
+from coevo.core.types import (
+    HEAD_MARK,
+    QUESTION_FORM_REASONS,
+    Completion,
+    EvidencePath,
+    SamplingParams,
+    TrainSequence,
+    Verdict,
+)
 from proposer.hops import NO_PATH_OF_K_HOPS, choose_path
 from proposer.prompts import parse_question, parse_target, question_messages, target_messages
-from proposer.reward import N_STAGES, QUESTION_FORM_REASONS, proposer_reward
+from proposer.reward import N_STAGES, proposer_reward
 
 TARGET_MAX_TOKENS = 48  # an entity name plus tags; longer outputs are cut and fail to parse
 QUESTION_MAX_TOKENS = 128

@@ -11,9 +11,6 @@ from coevo.core.choices import ProposerReward
 # what a real question rejected for its content earned, and a proposer learned to write it
 # (docs/learning.md, run 13).
 N_STAGES = 6
-# Question reason codes of the form stage (evidence/validate.py): a rejection for any other
-# question reason passed the form.
-QUESTION_FORM_REASONS = frozenset({"empty", "not_question", "too_short", "too_long", "multiple_questions"})
 
 
 def difficulty_reward(accuracy: float, kind: str = "abs") -> float:

@@ -137,6 +137,12 @@ class TrainSequence:
 HEAD_MARK = " head:"  # see Verdict
 
 
+# Question reason codes of the form checks (evidence/validate.py `validate_question`, before evidence and
+# leakage): a question rejected for any other question reason had a question's form. The proposer's
+# stage-graded penalty (proposer/reward.py) counts the form as its own stage.
+QUESTION_FORM_REASONS = frozenset({"empty", "not_question", "too_short", "too_long", "multiple_questions"})
+
+
 @dataclass(frozen=True)
 class Verdict:
     """Outcome of one validation: `reason` is `ok` exactly when `ok` is True.

@@ -6,7 +6,7 @@ from types import SimpleNamespace
 import pytest
 
 from coevo.core.config import EvidenceConfig
-from coevo.core.types import EvidencePath, Hop, Verdict
+from coevo.core.types import QUESTION_FORM_REASONS, EvidencePath, Hop, Verdict
 from evidence.corpus import Passage
 from evidence.paths import direct_path
 from evidence.pipeline import EvidencePipeline
@@ -89,6 +89,9 @@ def test_target_support_evidence(toy_retriever, toy_index):
 def test_validate_question_reasons(question, target, reason):
     verdict = validate_question(question, target, PATH)
     assert verdict.reason == reason and verdict.ok == (reason == "ok")
+    # the form checks' codes are the proposer penalty's form stage; leakage is past the form
+    assert (reason in QUESTION_FORM_REASONS) == (reason in (
+        "empty", "not_question", "too_short", "too_long", "multiple_questions"))
     if reason in ("ok", "leaks_target", "leaks_target_token"):
         assert verdict.evidence == ("t1", "t2")
 

@@ -29,6 +29,7 @@ import re
 from dataclasses import dataclass, field, replace
 from typing import Any, Callable, NamedTuple, Optional, Sequence, Union
 
+from coevo.core.choices import GuideQuery
 from coevo.core.config import SolverConfig
 from coevo.core.scoring import echo_sources
 from coevo.core.types import Completion, Generator, SamplingParams, Tokenizer
@@ -304,10 +305,12 @@ def _observe(episodes: list[Episode], queries: list[str], search_tool: SearchToo
 
 
 def guide_turn(ep: Episode, tokenizer: Tokenizer, cfg: SolverConfig, primed: bool) -> _GuideTurn:
-    """The next turn of a guided rollout: the path's next search while the episode's budgets allow
-    (the last hops when the path is longer), then `<answer>target</answer>`."""
+    """The next turn of a guided rollout: its next search while the episode's budgets allow, then
+    `<answer>target</answer>`. Its searches (`solver.guide_query`): the path's hop heads (the last hops
+    when the path is longer), or the question itself, once."""
     room = max(0, min(cfg.max_searches, cfg.max_turns - 1))
-    queries = ep.task.guide[-room:] if room else []
+    guide = [ep.task.question] if cfg.guide_query == GuideQuery.question else ep.task.guide
+    queries = guide[-room:] if room else []
     if ep.n_turns < len(queries):
         text = f"<search>{queries[ep.n_turns]}</search>"
     else:
@@ -335,7 +338,7 @@ def run_episodes(solver: Generator, tasks: Sequence[Task], search_tool: SearchTo
 
     `cfg` is a SolverConfig (max_searches, max_turns, max_episode_tokens and, when
     `sampling` is None, temperature/top_p/max_new_tokens). With `solver.guided_rollouts` the last
-    of G > 1 rollouts of a task with a `guide` replays the task's path (`guide_turn`): its search
+    of G > 1 rollouts of a task with a `guide` replays a route to the answer (`guide_turn`): its search
     results are real, it is scored like any other rollout, and its tokens train like sampled ones
     when those results showed it the answer (`solver.training.in_groups`).
     """

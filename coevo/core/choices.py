@@ -106,6 +106,13 @@ class Grouping(StrEnum):
     by_question = "by_question"
 
 
+class GuideQuery(StrEnum):
+    """What a guided rollout (`solver.guided_rollouts`) searches before it states the target."""
+
+    path = "path"  # each hop's head entity, the name the hop's passage is found by
+    question = "question"  # the task's question itself, as a solver that copies it would search
+
+
 class Relevance(StrEnum):
     """Pseudo-relevance label of a ranked passage."""
 

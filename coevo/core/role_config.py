@@ -18,6 +18,7 @@ from coevo.core.choices import (
     DType,
     Engine,
     Grouping,
+    GuideQuery,
     OldLogprobs,
     ProposerGeneration,
     ProposerReward,
@@ -145,6 +146,10 @@ class SolverConfig(PolicyConfig):
     prime_tag: bool = key(False, "every turn's prompt ends with \"<\": small models start a tag, still choosing which")
     guided_rollouts: bool = key(
         False, "the last rollout of a task with a path replays it: hop searches, then its target")
+    # Not in CoSearch (docs/method.md §4.7, §9.2): the path's heads reach the answer in 44 of run 14's 67 accepted
+    # tasks (top 5), the question in all 67 (evidence.retrievable guarantees it), so a question replay trains more.
+    guide_query: GuideQuery = key(
+        GuideQuery.path, "what a guided rollout searches: path (each hop's head) | question (the question, once)")
     # Not in CoSearch (docs/method.md §4.8, §9.2; off in the paper presets): corpus clozes beside the proposer's tasks.
     extraction_mix: int = key(
         0, "coevo.run: clozes of solver.extraction_data added to each step's solver batch (0: none)", NON_NEGATIVE)

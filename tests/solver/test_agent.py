@@ -326,3 +326,20 @@ def test_guided_rollout_replays_the_path_and_the_rest_sample(scripted_policy, ma
     # off by default, and never the only rollout of a task
     assert not any(ep.guided for ep in run_episodes(policy, [task], tool, solver_cfg(group_size=2)))
     assert not run_episodes(policy, [task], tool, solver_cfg(group_size=1, guided_rollouts=True))[0].guided
+
+
+def test_guided_rollout_searches_the_question_under_guide_query_question(scripted_policy, make_tool):
+    """solver.guide_query=question: the guided rollout searches the question once, whatever the path, then
+    answers the target; the sampled rollouts are untouched."""
+    question = "What is the capital of France?"
+    task = Task("t1", question, ["Paris"], ["p0"], guide=["Europe", "France"])
+    policy = scripted_policy(lambda prompt, occurrence: "<answer>Lyon</answer>")
+    tool, retriever = make_tool()
+    sampled, guided = run_episodes(policy, [task], tool, solver_cfg(group_size=2, max_searches=2, guided_rollouts=True,
+                                                                    guide_query="question"))
+    assert (sampled.guided, sampled.answer, sampled.sub_queries) == (False, "Lyon", [])
+    assert guided.guided and guided.sub_queries == [question] and retriever.queries == [[question]]
+    assert (guided.answer, guided.end_reason) == ("Paris", "answer")
+    generated = [t for t, m in zip(guided.token_ids, guided.loss_mask) if m]
+    enc = policy.tokenizer.encode
+    assert generated == enc(f"<search>{question}</search>") + enc("<answer>Paris</answer>")

@@ -29,6 +29,9 @@ Blocks of `learning.json` built here (bench/learning.py's docstring shows where 
   when an arm sampled nothing.
   With `solver.extraction_mix`, `in_run.extraction` holds the same figures (less its own
   `extraction`) over the mixed corpus clozes' sampled rollouts: right by their dumped `accuracy`.
+  `in_run.reading` holds them (less `extraction`) over the accepted tasks' sampled rollouts with right =
+  those whose searches showed a gold alias (`read_answer`): how often the solver's own searches find
+  the answer, whatever it then answers.
   `in_run.acceptance` = {"trained": POOLED + "steps", "control": …, "fisher_p", "quarters": [QUARTER × 4]}:
   the proposer's candidates that became tasks, right = accepted and scored = candidates summed over the
   finished steps' metrics lines ("steps": how many), Fisher as above (extraction clozes are no candidates).
@@ -42,7 +45,7 @@ from __future__ import annotations
 
 import json
 from pathlib import Path
-from typing import Any, Iterable, Mapping, Optional, Sequence
+from typing import Any, Iterable, Mapping, NamedTuple, Optional, Sequence
 
 import numpy as np
 from scipy.stats import binomtest, fisher_exact
@@ -137,12 +140,13 @@ def paired_report(trained: Mapping[tuple[str, str], bool], control: Mapping[tupl
 # ---- in-run figures -------------------------------------------------------------------------
 
 def task_counts(records: Iterable[Mapping[str, Any]], steps: Optional[Iterable[int]] = None,
-                clozes: bool = False) -> list[TaskCount]:
+                clozes: bool = False, read: bool = False) -> list[TaskCount]:
     """(step, right, sampled) of each accepted task (`clozes`: each mixed corpus cloze) with sampled
     rollouts and a numeric `accuracy`.
 
     `records` are dump records with their `step` (as `load_run` gives them); `steps`, when given,
-    keeps those steps only (the finished ones). right = round(accuracy × sampled).
+    keeps those steps only (the finished ones). right = round(accuracy × sampled); with `read`, the
+    sampled rollouts whose searches showed a gold alias (`read_answer`) instead.
     """
     kept = None if steps is None else set(steps)
     out = []
@@ -150,17 +154,26 @@ def task_counts(records: Iterable[Mapping[str, Any]], steps: Optional[Iterable[i
         wanted = r.get("kind") == "extraction" if clozes else r.get("accepted")
         if not wanted or (kept is not None and r.get("step") not in kept):
             continue
-        sampled = sum(1 for ro in r.get("rollouts") or [] if isinstance(ro, dict) and not ro.get("guided"))
+        rollouts = [ro for ro in r.get("rollouts") or [] if isinstance(ro, dict) and not ro.get("guided")]
         accuracy = number(r.get("accuracy"))
-        if sampled and accuracy is not None:
-            out.append((int(r["step"]), round(accuracy * sampled), sampled))
+        if rollouts and accuracy is not None:
+            right = sum(ro.get("read_answer") is True for ro in rollouts) if read else round(accuracy * len(rollouts))
+            out.append((int(r["step"]), right, len(rollouts)))
     return out
 
 
-def run_task_counts(run_dir: Path) -> tuple[list[TaskCount], list[TaskCount], list[TaskCount]]:
-    """(`task_counts` of the accepted tasks, of the mixed corpus clozes, and (step, accepted, candidates) of
-    each step) of a run directory's finished steps (those with a metrics.jsonl line). `load_run` leaves the
-    clozes (`solver.extraction_mix`) out of its task records, so the dumps are read once more for them."""
+class RunCounts(NamedTuple):
+    """What `in_run` pools from one arm's finished steps (module docstring)."""
+
+    tasks: list[TaskCount]  # accepted tasks: (step, right, sampled)
+    clozes: list[TaskCount]  # mixed corpus clozes: (step, right, sampled)
+    acceptance: list[TaskCount]  # steps: (step, accepted, candidates)
+    reading: list[TaskCount]  # accepted tasks: (step, sampled rollouts that read the answer, sampled)
+
+
+def run_task_counts(run_dir: Path) -> RunCounts:
+    """The `RunCounts` of a run directory's finished steps (those with a metrics.jsonl line). `load_run` leaves
+    the clozes (`solver.extraction_mix`) out of its task records, so the dumps are read once more for them."""
     records, metrics = load_run(run_dir)
     acceptance = [(s, int(number(m.get("accepted")) or 0), int(number(m.get("candidates")) or 0))
                   for m in metrics if (s := step_key(m)) is not None]
@@ -168,7 +181,8 @@ def run_task_counts(run_dir: Path) -> tuple[list[TaskCount], list[TaskCount], li
     dumps = [(step_of(f.name, ".jsonl"), f) for f in sorted((Path(run_dir) / "tasks").glob("step_*.jsonl"))]
     clozes = [{**r, "step": n} for n, f in dumps if n is not None
               for _, r in iter_jsonl(f, objects=True, skip_torn_last=True) if r.get("kind") == "extraction"]
-    return task_counts(records, finished), task_counts(clozes, finished, clozes=True), acceptance
+    return RunCounts(task_counts(records, finished), task_counts(clozes, finished, clozes=True), acceptance,
+                     task_counts(records, finished, read=True))
 
 
 def quarter_blocks(steps: int) -> list[list[int]]:
@@ -271,14 +285,12 @@ def paired_blocks(arms: Mapping[str, Any], mode: str, own_ranker: bool = True,
 def in_run_block(arms: Mapping[str, Any], steps: int, seed: int) -> dict[str, Any]:
     """`in_run` from the arms' run directories (an unreadable one: `error`, no figures)."""
     try:
-        counts, clozes, acceptance = {}, {}, {}
-        for arm in ("trained", "control"):
-            run_dir = Path((arms.get(arm) or {})["run_dir"])
-            counts[arm], clozes[arm], acceptance[arm] = run_task_counts(run_dir)
+        trained, control = (run_task_counts(Path((arms.get(arm) or {})["run_dir"])) for arm in ("trained", "control"))
     except (KeyError, OSError, ValueError) as e:
         return {"error": f"reading the arms' task dumps: {type(e).__name__}: {e}"}
-    report = in_run_report(counts["trained"], counts["control"], steps, seed)
-    report["acceptance"] = acceptance_report(acceptance["trained"], acceptance["control"], steps)
-    if clozes["trained"] or clozes["control"]:
-        report["extraction"] = in_run_report(clozes["trained"], clozes["control"], steps, seed)
+    report = in_run_report(trained.tasks, control.tasks, steps, seed)
+    report["acceptance"] = acceptance_report(trained.acceptance, control.acceptance, steps)
+    report["reading"] = in_run_report(trained.reading, control.reading, steps, seed)
+    if trained.clozes or control.clozes:
+        report["extraction"] = in_run_report(trained.clozes, control.clozes, steps, seed)
     return report

@@ -225,6 +225,15 @@ def test_task_counts_pool_the_sampled_rollouts_of_accepted_tasks():
     assert learning_stats.task_counts(records, steps=[0, 1]) == [(0, 2, 4), (1, 1, 4)]
 
 
+def test_task_counts_read_counts_the_sampled_rollouts_that_read_the_answer():
+    read, unread = {"read_answer": True}, {"read_answer": False}
+    records = [{"step": 0, "accepted": True, "accuracy": 0.0,
+                "rollouts": [read, unread, read, {}, {"guided": True, "read_answer": True}]},  # guided: left out
+               {"step": 1, "accepted": True, "accuracy": 1.0, "rollouts": [unread, unread]},
+               {"step": 1, "accepted": False, "accuracy": None, "rollouts": [read]}]
+    assert learning_stats.task_counts(records, read=True) == [(0, 2, 4), (1, 0, 2)]
+
+
 def test_in_run_report_on_hand_made_counts():
     trained = [(0, 1, 4), (3, 2, 4), (9, 1, 2)]
     control = [(0, 0, 4), (5, 0, 4)]
@@ -282,7 +291,8 @@ def test_in_run_block_pools_the_finished_steps_of_both_run_dirs(tmp_path):
         run_dir = tmp_path / arm
         (run_dir / "tasks").mkdir(parents=True)
         for step in (0, 1, 2):  # step 2 has a dump but no metrics line: not finished, not counted
-            task = {"accepted": True, "accuracy": accuracy, "reason": "accepted", "rollouts": [{}, {}]}
+            task = {"accepted": True, "accuracy": accuracy, "reason": "accepted",
+                    "rollouts": [{"read_answer": accuracy > 0}, {"read_answer": True}]}
             (run_dir / "tasks" / f"step_{step}.jsonl").write_text(json.dumps(task) + "\n")
         (run_dir / "metrics.jsonl").write_text('{"step": 0}\n{"step": 1}\n')
     block = learning_stats.in_run_block({arm: {"run_dir": str(tmp_path / arm)} for arm in ("trained", "control")},
@@ -290,6 +300,8 @@ def test_in_run_block_pools_the_finished_steps_of_both_run_dirs(tmp_path):
     assert (block["trained"]["right"], block["trained"]["sampled"], block["control"]["right"]) == (2, 4, 0)
     assert block["error"] is None and [q["steps"] for q in block["quarters"]] == [[0], [1], [], []]
     assert block["acceptance"]["trained"]["scored"] == 0  # these metrics lines name no candidates
+    reading = block["reading"]  # trained: both rollouts of steps 0-1 read; control: one of two
+    assert [(reading[a]["right"], reading[a]["sampled"]) for a in ("trained", "control")] == [(4, 4), (2, 4)]
     missing = learning_stats.in_run_block({"trained": {"run_dir": str(tmp_path / "nowhere")}}, steps=2, seed=0)
     assert set(missing) == {"error"} and "nowhere" in missing["error"]
 

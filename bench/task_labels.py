@@ -3,6 +3,7 @@
     .venv/bin/python -m bench.task_labels dump RUN_DIR --out FILE.jsonl
     .venv/bin/python -m bench.task_labels score FILE.jsonl [-- overrides]
     .venv/bin/python -m bench.task_labels merge A.jsonl B.jsonl --out FILE.jsonl
+    .venv/bin/python -m bench.task_labels questions RUN_DIR --out FILE.jsonl
 
 `dump` writes every accepted task of RUN_DIR/tasks/step_<n>.jsonl, in step order, one JSON line each:
 {"id", "step", "question", "target", "answers", "sentences": ["<title>: <sentence>", …], "path": the
@@ -26,6 +27,10 @@ they all keep: what turning them on would leave.
 once each, every one labelled): each task takes the LOWER of its two labels (true > loose > false, the
 rubric's rule for a doubt) and both notes ("A: …; B: …"), in A's order. It prints ONE JSON line:
 {"tasks": n, "agree": a, "pairs": {"<A label>/<B label>": count, …}, "out": FILE}.
+
+`questions` writes the run's accepted tasks as a `coevo.eval` question file (`data=FILE`, on the run's
+corpus), one line each in dump order: {"id", "question", "answers", "gold_ids": the path's passages,
+"dataset": "accepted"}; two solvers evaluated on it are paired question by question (bench.learning_stats).
 """
 from __future__ import annotations
 
@@ -73,6 +78,14 @@ def dump(run_dir: Path, out: Path) -> int:
             for _, rec in iter_jsonl(file, objects=True) if rec.get("accepted") is True]
     atomic_write_jsonl(out, rows)
     return len(rows)
+
+
+def eval_questions(run_dir: Path) -> list[dict[str, Any]]:
+    """The `questions` lines (module docstring) of the run's accepted tasks with a question and answers."""
+    return [{"id": rec["task_id"], "question": rec["question"], "answers": rec["answers"],
+             "gold_ids": (rec.get("evidence_path") or {}).get("evidence_ids") or [], "dataset": "accepted"}
+            for _, file in step_files(run_dir) for _, rec in iter_jsonl(file, objects=True)
+            if rec.get("accepted") is True and rec.get("task_id") and rec.get("question") and rec.get("answers")]
 
 
 def read_labels(path: Path) -> list[dict[str, Any]]:
@@ -153,7 +166,7 @@ def keys_in_force(overrides: Sequence[str]) -> list[str]:
 
 
 def main(argv: Optional[Sequence[str]] = None) -> int:
-    """`dump`, `score` or `merge` (module docstring); 2 with a message on stderr for a bad run dir or file."""
+    """`dump`, `score`, `merge` or `questions` (module docstring); 2 with a message on stderr for bad input."""
     options, overrides = split_overrides(sys.argv[1:] if argv is None else argv)
     parser = argparse.ArgumentParser(prog="python -m bench.task_labels", description=__doc__,
                                      formatter_class=argparse.RawDescriptionHelpFormatter)
@@ -167,12 +180,19 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
     m.add_argument("a", type=Path)
     m.add_argument("b", type=Path)
     m.add_argument("--out", type=Path, required=True)
+    q = sub.add_parser("questions", help="accepted tasks as a coevo.eval question file")
+    q.add_argument("run_dir", type=Path)
+    q.add_argument("--out", type=Path, required=True)
     args = parser.parse_args(options)
     if args.command != "score" and overrides:
         parser.error(f"{args.command} takes no overrides")
     try:
         if args.command == "dump":
             print(json.dumps({"tasks": dump(args.run_dir, args.out), "out": str(args.out)}))
+        elif args.command == "questions":
+            rows = eval_questions(args.run_dir)
+            atomic_write_jsonl(args.out, rows)
+            print(json.dumps({"questions": len(rows), "out": str(args.out)}))
         elif args.command == "merge":
             rows, figures = merge(args.a, args.b)
             atomic_write_jsonl(args.out, rows)

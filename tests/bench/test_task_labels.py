@@ -7,6 +7,7 @@ from pathlib import Path
 import pytest
 
 from bench import task_labels
+from coevo.core.inputs import load_labelled_questions
 from coevo.core.types import EvidencePath, Hop
 
 
@@ -98,6 +99,13 @@ def test_dump_writes_every_accepted_task_in_step_order(tmp_path, capsys):
                                                                    ("s10-0", 10, "Who founded Microsoft?")]
     assert rows[0]["sentences"] == ["Microsoft: Bill Gates co-founded Microsoft in 1975."]
     assert rows[0]["path"] == GATES and rows[0]["label"] is None and rows[0]["target"] == "Microsoft"
+    questions = tmp_path / "questions.jsonl"
+    assert task_labels.main(["questions", str(tmp_path / "run"), "--out", str(questions)]) == 0
+    assert json.loads(capsys.readouterr().out) == {"questions": 2, "out": str(questions)}
+    assert [json.loads(x) for x in questions.read_text().splitlines()] == [
+        {"id": task_id, "question": q, "answers": ["Microsoft"], "gold_ids": ["p-Bill Gates"], "dataset": "accepted"}
+        for task_id, q in (("s2-1", "Who was Bill Gates?"), ("s10-0", "Who founded Microsoft?"))]
+    assert [r.id for r in load_labelled_questions(questions)[0]] == ["s2-1", "s10-0"]  # the file coevo.eval reads
 
 
 @pytest.mark.parametrize("argv, message", [

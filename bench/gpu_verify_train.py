@@ -162,9 +162,14 @@ def weight_sync(ctx: Ctx) -> dict:
     gather_s, stage_s, sent = _gather_and_stage(ctx, named)
     return {"shape": f"Qwen2.5-3B config, {layers}", "serving_dtype": str(ctx.serving).replace("torch.", ""),
             "tensors": len(named), "bytes_sent": sent, "gb_sent": gb(sent), "gather_s": round(gather_s, 3),
-            "gather_gbps": round(sent / 1e9 / gather_s, 2), "stage_s": round(stage_s, 3),
-            "stage_gbps": round(sent / 1e9 / stage_s, 2), "pinned": ctx.cuda, **peak(ctx.device),
+            "gather_gbps": _sig(sent / 1e9 / gather_s), "stage_s": round(stage_s, 3),
+            "stage_gbps": _sig(sent / 1e9 / stage_s), "pinned": ctx.cuda, **peak(ctx.device),
             "note": "world size 1: full_tensor copies locally; a 4-rank all-gather adds NCCL time"}
+
+
+def _sig(rate: float) -> float:
+    """A rate to 3 significant figures: two decimals would print a tiny shape's MB/s as 0.0 GB/s."""
+    return float(f"{rate:.3g}")
 
 
 def _gather_and_stage(ctx: Ctx, named: list[tuple[str, Any]]) -> tuple[float, float, int]:

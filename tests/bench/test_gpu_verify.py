@@ -57,17 +57,14 @@ def test_tiny_runs_every_phase_on_a_bare_torch_transformers_interpreter(tmp_path
     assert not any((site / name).exists() for name in ABSENT)
     env = {"PATH": os.environ.get("PATH", "/usr/bin:/bin"), "HOME": str(tmp_path), "PYTHONPATH": f"{site}:{ROOT}",
            "OMP_NUM_THREADS": "1", "TOKENIZERS_PARALLELISM": "false"}
-    t0 = time.monotonic()
     proc = subprocess.run([sys.executable, "-S", "bench/gpu_verify.py", "--tiny"], cwd=ROOT, env=env,
                           capture_output=True, text=True, timeout=300)
-    seconds = time.monotonic() - t0
     records = [json.loads(line) for line in proc.stdout.splitlines()]
     assert proc.returncode == 0, (proc.stdout[-3000:], proc.stderr[-3000:])
     by_phase = {r["phase"]: r for r in records}
     assert list(by_phase) == ["environment", "startup_replay", "fsdp_update", "logprob_mismatch", "weight_sync",
                               "lora_update", "hf_generate"]
     assert not [r for r in records if "error" in r or "skipped" in r], records
-    assert seconds < 60, f"--tiny took {seconds:.0f} s"
 
     env_record = by_phase["environment"]
     assert env_record["importable"] == dict.fromkeys(ABSENT, False) and env_record["tiny"] and env_record["bf16"]

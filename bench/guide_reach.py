@@ -23,9 +23,8 @@ from pathlib import Path
 from typing import Any, Optional, Sequence
 
 from bench import split_overrides
-from bench.task_labels import step_files
+from bench.task_labels import accepted_records
 from coevo.core.config import compose
-from coevo.core.io import iter_jsonl
 from coevo.core.scoring import echoes
 from evidence.corpus_store import open_corpus
 from evidence.retrieval import build_retriever
@@ -34,8 +33,7 @@ from solver.reward import answer_relevant
 
 def accepted_tasks(run_dir: Path) -> list[dict[str, Any]]:
     """The accepted task records of the run's dumps, in step order."""
-    return [rec for _, file in step_files(run_dir) for _, rec in iter_jsonl(file, objects=True)
-            if rec.get("accepted") is True]
+    return [rec for _, rec in accepted_records(run_dir)]
 
 
 def path_queries(rec: dict[str, Any], room: int) -> list[str]:

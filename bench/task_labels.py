@@ -72,10 +72,15 @@ def dump_record(rec: dict[str, Any], step: int) -> dict[str, Any]:
             "path": path or None, "label": None, "note": None}
 
 
+def accepted_records(run_dir: Path) -> list[tuple[int, dict[str, Any]]]:
+    """(step, record) of every accepted task of the run's dumps, in step order."""
+    return [(step, rec) for step, file in step_files(run_dir)
+            for _, rec in iter_jsonl(file, objects=True) if rec.get("accepted") is True]
+
+
 def dump(run_dir: Path, out: Path) -> int:
     """Write the labelling file of every accepted task of the run; returns how many."""
-    rows = [dump_record(rec, step) for step, file in step_files(run_dir)
-            for _, rec in iter_jsonl(file, objects=True) if rec.get("accepted") is True]
+    rows = [dump_record(rec, step) for step, rec in accepted_records(run_dir)]
     atomic_write_jsonl(out, rows)
     return len(rows)
 
@@ -84,8 +89,8 @@ def eval_questions(run_dir: Path) -> list[dict[str, Any]]:
     """The `questions` lines (module docstring) of the run's accepted tasks with a question and answers."""
     return [{"id": rec["task_id"], "question": rec["question"], "answers": rec["answers"],
              "gold_ids": (rec.get("evidence_path") or {}).get("evidence_ids") or [], "dataset": "accepted"}
-            for _, file in step_files(run_dir) for _, rec in iter_jsonl(file, objects=True)
-            if rec.get("accepted") is True and rec.get("task_id") and rec.get("question") and rec.get("answers")]
+            for _, rec in accepted_records(run_dir)
+            if rec.get("task_id") and rec.get("question") and rec.get("answers")]
 
 
 def read_labels(path: Path) -> list[dict[str, Any]]:

@@ -9,7 +9,9 @@
 Runs `python -m coevo.run` twice, one arm after the other (`--parallel`: both at once, each
 arm then its eval), with the same seed, data and
 overrides (those after `--`, e.g. `ranker.prime_tag=true`): `trained`, and `control` with every
-policy frozen (`proposer.frozen=true solver.frozen=true ranker.frozen=true`). Each arm is a
+policy frozen (`proposer.frozen=true solver.frozen=true ranker.frozen=true`). One after the other,
+the control runs the steps the trained arm finished (fewer than `--steps` when `--arm-timeout` stopped
+it), so both arms pool the same steps. Each arm is a
 subprocess (`ray.local=true` unless `--ray`), so its processes are gone when it ends; its run
 dir is `<out>/<arm>` (default out: runs/learning-<stamp>), its output goes to
 `<out>/<arm>-run.log` and, prefixed, to stderr. Then `python -m coevo.eval mode=agent` evaluates
@@ -83,6 +85,7 @@ from pathlib import Path
 from typing import Any, Optional, Sequence
 
 from bench import split_overrides
+from bench.learning_plot import plot
 from bench.learning_stats import eval_pooled, in_run_block, paired_blocks
 from coevo.core.config import compose
 from coevo.core.io import atomic_write_text
@@ -94,10 +97,6 @@ _ROOT = Path(__file__).resolve().parents[1]
 
 ARMS = ("trained", "control")
 FROZEN = ["proposer.frozen=true", "solver.frozen=true", "ranker.frozen=true"]
-PANELS = [("task_acceptance", "task acceptance"), ("solver_format_valid", "solver format-valid"),
-          ("ranker_format_valid", "ranker format-valid"), ("proposer_reward", "proposer reward"),
-          ("solver_reward", "solver reward"), ("mixed_groups", "mixed solver groups (share)")]
-
 
 # ---- eval summary (pure) -------------------------------------------------------------------
 
@@ -178,10 +177,11 @@ def _shown(cmd: list[str]) -> str:
     return shlex.join(["python", *cmd[1:]] if cmd[0] == sys.executable else cmd)
 
 
-def run_arm(arm: str, args: argparse.Namespace, out: Path) -> dict[str, Any]:
-    """Run one arm's co-evolution loop; its series (what it finished) and any error."""
+def run_arm(arm: str, args: argparse.Namespace, out: Path, steps: Optional[int] = None) -> dict[str, Any]:
+    """Run one arm's co-evolution loop for `steps` (None: `--steps`); its series (what it finished) and any error."""
     run_dir = out / arm
-    cmd = [sys.executable, "-m", "coevo.run", *args.overrides, f"run.steps={args.steps}", f"run.dir={run_dir}",
+    steps = args.steps if steps is None else steps
+    cmd = [sys.executable, "-m", "coevo.run", *args.overrides, f"run.steps={steps}", f"run.dir={run_dir}",
            f"seed={args.seed}", f"ray.local={str(not args.ray).lower()}", *(FROZEN if arm == "control" else [])]
     print(f"== {arm}: {_shown(cmd)}", file=sys.stderr, flush=True)
     rc, tail, seconds = run_logged(cmd, out / f"{arm}-run.log", arm, args.arm_timeout, arm_env(args.parallel))
@@ -194,6 +194,13 @@ def run_arm(arm: str, args: argparse.Namespace, out: Path) -> dict[str, Any]:
         arm_result["series"] = extract_series([], [])
         arm_result["error"] = arm_result["error"] or f"reading {run_dir}: {e}"
     return arm_result
+
+
+def control_steps(trained: Optional[dict[str, Any]], steps: int) -> int:
+    """The control's step count, one arm after the other: the steps the trained arm finished (at least 1), so
+    both arms pool the same steps when `--arm-timeout` (or an error) stopped the trained one short of `steps`."""
+    finished = len(((trained or {}).get("series") or {}).get("steps") or [])
+    return min(steps, max(1, finished))
 
 
 def ranker_mode(overrides: Sequence[str]) -> str:
@@ -248,45 +255,7 @@ def evaluate_arm(arm: str, args: argparse.Namespace, out: Path, mode: str, name:
         return {**result, "error": f"reading {path}: {e}"}
 
 
-# ---- plot, output, main ---------------------------------------------------------------------
-
-def _panel(ax: Any, arms: dict[str, dict], key: str, title: str) -> None:
-    steps: list[int] = []
-    plotted = False
-    for arm, style in (("trained", "o-"), ("control", "s--")):
-        series = (arms.get(arm) or {}).get("series") or {}
-        ys = [float("nan") if y is None else y for y in series.get(key, [])]
-        xs = series.get("steps", [])[:len(ys)]
-        steps += xs
-        plotted |= any(y == y for y in ys)
-        ax.plot(xs, ys, style, label=arm)
-    if not plotted:
-        ax.text(0.5, 0.5, "no data (null every step)", ha="center", va="center", transform=ax.transAxes)
-    if steps:
-        ax.set_xlim(min(steps) - 0.5, max(steps) + 0.5)
-    ax.xaxis.get_major_locator().set_params(integer=True)
-    ax.set_title(title)
-    ax.set_xlabel("step")
-    ax.grid(alpha=0.3)
-
-
-def plot(arms: dict[str, dict], path: Path, title: str = "", panels: Sequence[tuple[str, str]] = PANELS) -> None:
-    """One panel per curve of `panels` (series key, title; six at most), trained vs control (null: a gap)."""
-    import matplotlib
-
-    matplotlib.use("Agg")
-    import matplotlib.pyplot as plt
-
-    fig, axes = plt.subplots(2, 3, figsize=(13, 7), constrained_layout=True)
-    for ax, (key, name) in zip(axes.flat, panels):
-        _panel(ax, arms, key, name)
-    axes.flat[0].legend()
-    if title:
-        fig.suptitle(title, fontsize=9)
-    path.parent.mkdir(parents=True, exist_ok=True)
-    fig.savefig(path, dpi=100)
-    plt.close(fig)
-
+# ---- output, main ---------------------------------------------------------------------
 
 def parse_args(argv: Sequence[str]) -> argparse.Namespace:
     """Options before `--`; everything after it is Hydra overrides for both arms (and their eval)."""
@@ -351,23 +320,25 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
         mode, result["error"] = "none", f"overrides do not compose: {e}"
     lock = threading.Lock()
 
+    def save() -> None:
+        with lock:
+            _write({**result, "wall_s": round(time.perf_counter() - t0, 1)}, args.out)
+
     def arm_job(arm: str) -> None:
-        arm_result = run_arm(arm, args, args.out)
+        steps = None if args.parallel or arm == "trained" else control_steps(result["arms"].get("trained"), args.steps)
+        arm_result = run_arm(arm, args, args.out, steps)
         with lock:
             result["arms"][arm] = arm_result
-            _write({**result, "wall_s": round(time.perf_counter() - t0, 1)}, args.out)
+        save()
         own = args.eval_limit and not args.no_own_ranker
         arm_result["eval"] = evaluate_arm(arm, args, args.out, mode) if own else None
-        with lock:
-            _write({**result, "wall_s": round(time.perf_counter() - t0, 1)}, args.out)
+        save()
         arm_result["eval_no_ranker"] = evaluate_arm(arm, args, args.out, "none", "eval-none") \
             if args.eval_limit and (mode != "none" or not own) else arm_result["eval"]
-        with lock:
-            _write({**result, "wall_s": round(time.perf_counter() - t0, 1)}, args.out)
+        save()
         if args.heldout:
             arm_result["eval_heldout"] = evaluate_arm(arm, args, args.out, "none", "eval-heldout", heldout=True)
-            with lock:
-                _write({**result, "wall_s": round(time.perf_counter() - t0, 1)}, args.out)
+            save()
 
     if "error" not in result:
         if args.parallel:  # both arms at once: each is one process, so two cores serve one arm each

@@ -28,7 +28,8 @@ import sys
 from pathlib import Path
 from typing import Any, Optional, Sequence
 
-from bench.learning import eval_summary, plot
+from bench.learning import eval_summary
+from bench.learning_plot import plot
 from coevo.core.io import atomic_write_text
 from coevo.evaluate.report import load_run, number
 

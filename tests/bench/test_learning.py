@@ -9,7 +9,7 @@ from statistics import NormalDist
 
 import pytest
 
-from bench import learning, learning_stats
+from bench import learning, learning_plot, learning_stats
 
 
 def _path(hops: int) -> dict:
@@ -138,8 +138,33 @@ def test_run_logged_reports_exit_code_and_output(tmp_path):
 def test_plot_writes_a_png_with_a_missing_arm(tmp_path):
     _write_run(tmp_path / "run", torn=False)
     series = learning.extract_series(*reversed(learning.load_run(tmp_path / "run")))
-    learning.plot({"trained": {"series": series}}, tmp_path / "curves.png")
+    learning_plot.plot({"trained": {"series": series}}, tmp_path / "curves.png")
     assert (tmp_path / "curves.png").read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
+
+
+def test_control_steps_match_the_steps_the_trained_arm_finished():
+    assert learning.control_steps({"series": {"steps": [0, 1, 2]}}, 20) == 3  # stopped by --arm-timeout
+    assert learning.control_steps({"series": {"steps": list(range(20))}}, 20) == 20
+    assert learning.control_steps({"series": {"steps": []}}, 20) == 1  # died in step 0: the control still runs one
+    assert learning.control_steps(None, 5) == 1
+
+
+def test_main_runs_the_control_for_the_trained_arms_finished_steps(tmp_path, monkeypatch):
+    calls: list[tuple[str, int]] = []
+
+    def fake_run_arm(arm, args, out, steps=None):
+        calls.append((arm, args.steps if steps is None else steps))
+        return {"returncode": 0, "error": None, "series": {"steps": [0, 1, 2]}}
+
+    monkeypatch.setattr(learning, "run_arm", fake_run_arm)
+    monkeypatch.setattr(learning, "ranker_mode", lambda overrides: "none")
+    monkeypatch.setattr(learning, "in_run_block", lambda arms, steps, seed: None)
+    monkeypatch.setattr(learning, "plot", lambda *a, **k: None)
+    assert learning.main(["--steps", "20", "--eval-limit", "0", "--out", str(tmp_path / "b")]) == 0
+    assert calls == [("trained", 20), ("control", 3)]
+    calls.clear()
+    assert learning.main(["--steps", "20", "--eval-limit", "0", "--parallel", "--out", str(tmp_path / "p")]) == 0
+    assert sorted(calls) == [("control", 20), ("trained", 20)]  # at the same time: nothing to match yet
 
 
 # ---- pooled and paired figures --------------------------------------------------------------

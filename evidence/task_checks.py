@@ -58,6 +58,13 @@ or None, and runs behind its own `evidence.*` key (`CHECKS`, in the order the pi
   the world?" → Kilimanjaro from "the highest volcano in the Eastern Hemisphere" (scope "eastern
   hemisphere"). A rank the sentence paraphrases ("most famous work" against "magnum opus") is rejected:
   the price of a word-for-word rule.
+- `off_target_relation` (`evidence.relation_on_target`): `unsupported_relation` with only the path's *last*
+  sentence (the one that names the target) as support; entity words are still every hop's. A question
+  written from an earlier hop's sentence asks for that hop's subject, and the path's last hop only links
+  the target to it: "What is the smallest planet in the Solar System?" → Mars from "Mercury is … the
+  smallest in the Solar System" then "Mars is the fourth planet from the Sun"; "What is the capital of the
+  Netherlands?" → The Four Seasons (Vivaldi), published in Amsterdam. A true question that composes its
+  hops' relations ("the river of the city where X was born") is rejected too: the price of the rule.
 """
 from __future__ import annotations
 
@@ -207,13 +214,14 @@ def _kind_words(question: str) -> set[str]:
     return {m.group(1).lower() for m in _KIND_OPENERS.finditer(question)}
 
 
-def unsupported_words(question: Any, target: Any, path: Any) -> list[str]:
+def unsupported_words(question: Any, target: Any, path: Any, last_hop: bool = False) -> list[str]:
     """Content words of the question that nothing on the path writes (the module docstring's rule), in
-    question order; [] when every one is supported (or the path has no sentence: `no_evidence` is another check)."""
+    question order; [] when every one is supported (or the path has no sentence: `no_evidence` is another check).
+    `last_hop`: only the last hop's sentence (the target's) counts as support; entity words are still the path's."""
     hops = _hops(path)
     if not isinstance(question, str) or not hops:
         return []
-    sentence_words = [w for h in hops for w in _words(h.sentence)]
+    sentence_words = [w for h in (hops[-1:] if last_hop else hops) for w in _words(h.sentence)]
     entity_words = {w for h in hops for n in _names(h, ("head", "tail")) + [strip_disambiguator(h.title)]
                     for w in _words(n)} | set(_words(target))
     stems = {word_stem(w) for w in sentence_words} | {word_stem(w) for w in entity_words}
@@ -349,6 +357,11 @@ def _unsupported(question: Any, target: Any, path: Any) -> Optional[str]:
     return " ".join(words) if words else None
 
 
+def _off_target_relation(question: Any, target: Any, path: Any) -> Optional[str]:
+    words = unsupported_words(question, target, path, last_hop=True)
+    return " ".join(words) if words else None
+
+
 # (config key under `evidence`, reason code, finder(question, target, path) -> detail or None), in run order.
 CHECKS: tuple[tuple[str, str, Callable[[Any, Any, Any], Optional[str]]], ...] = (
     ("meta_wording", "meta_question", meta_wording),
@@ -356,6 +369,7 @@ CHECKS: tuple[tuple[str, str, Callable[[Any, Any, Any], Optional[str]]], ...] = 
     ("relation_support", "unsupported_relation", _unsupported),
     ("target_page", "off_target_page", off_target_page),
     ("rank_scope", "rank_mismatch", rank_mismatch),
+    ("relation_on_target", "off_target_relation", _off_target_relation),
 )
 
 

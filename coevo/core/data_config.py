@@ -98,6 +98,8 @@ class EvidenceConfig:
         False, "off_target_page: the path's last sentence is on another entity's page, not the target's")
     rank_scope: bool = key(
         False, "rank_mismatch: a rank or scope (\"first woman\", \"highest ... in the world\") no path sentence gives")
+    relation_on_target: bool = key(
+        False, "off_target_relation: a question content word neither the path's last sentence nor a path entity writes")
     # Not in ZEST (docs/method.md §3.4; off in the paper presets):
     # a task the solver's first search cannot reach is rejected.
     retrievable: bool = key(

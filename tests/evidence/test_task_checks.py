@@ -112,6 +112,8 @@ def test_checks_never_raise(junk):
     assert meta_wording(junk) is None
     assert asked_head(junk, junk, junk) is None and asked_head(junk, "Paris", PARIS) is None
     assert unsupported_words(junk, junk, junk) == [] and isinstance(unsupported_words(junk, "Paris", PARIS), list)
+    assert unsupported_words(junk, junk, junk, last_hop=True) == []
+    assert isinstance(unsupported_words(junk, "Paris", PARIS, last_hop=True), list)
 
 
 @pytest.mark.parametrize("target, task, page", [
@@ -196,6 +198,42 @@ def test_off_target_page_never_raises():
     assert off_target_page("q", "Paris", path("Paris", ("France", "Paris", "Paris is.", ""))) is None
 
 
+SMALLEST = path("Mars", ("Mercury", "Solar System", "Mercury is the first planet from the Sun and the smallest in "
+                        "the Solar System.", "Mercury (planet)"),
+                ("Sun", "Mars", "Mars is the fourth planet from the Sun.", "Mars"))
+VIVALDI = path("The Four Seasons (Vivaldi)",
+               ("Netherlands", "Amsterdam", "Amsterdam is the official capital of the Netherlands.", "The Hague"),
+               ("Amsterdam", "The Four Seasons (Vivaldi)", "They were published in 1725 in Amsterdam.",
+                "The Four Seasons (Vivaldi)"))
+VOLCANO_2 = path("Mount Kilimanjaro", ("Columbian exchange", "Eastern Hemisphere", "The Columbian exchange was the "
+                                       "transfer of plants between the New World and the Eastern Hemisphere.",
+                                       "Columbian exchange"),
+                 ("Eastern Hemisphere", "Mount Kilimanjaro",
+                  "It is also the highest volcano in the Eastern Hemisphere.", "Mount Kilimanjaro"))
+
+
+@pytest.mark.parametrize("question, task, unsupported", [
+    # run 16's two-hop false tasks: the relation is hop 1's, about hop 1's subject
+    ("What is the smallest planet in the Solar System?", SMALLEST, ["smallest"]),
+    ("What is the capital of the Netherlands?", VIVALDI, ["capital"]),
+    # true: the target's own sentence writes the relation; earlier hops' entity words still count
+    ("What is the highest volcano in the Eastern Hemisphere?", VOLCANO_2, []),
+    ("What is the capital of France?", PARIS, []),  # one hop: the same as unsupported_relation
+])
+def test_off_target_relation_needs_the_last_sentence(question, task, unsupported):
+    assert unsupported_words(question, task.target, task, last_hop=True) == unsupported
+
+
+def test_off_target_relation_is_stricter_than_relation_support():
+    """Both of run 16's shapes pass the path-wide rule: the earlier hop writes "smallest" and "capital"."""
+    assert unsupported_words("What is the smallest planet in the Solar System?", "Mars", SMALLEST) == []
+    assert unsupported_words("What is the capital of the Netherlands?", VIVALDI.target, VIVALDI) == []
+    ok = Verdict(True, "ok", ("p0", "p1"))
+    v = task_check_verdict(ok, "What is the capital of the Netherlands?", VIVALDI.target, VIVALDI,
+                           {"relation_support", "relation_on_target"})
+    assert (v.ok, v.reason, v.detail) == (False, "off_target_relation", "capital")
+
+
 def test_stems():
     assert [word_stem(w) for w in ("capitals", "moved", "move", "stopped", "cities", "wrote", "written")] == [
         "capital", "mov", "mov", "stop", "city", "writ", "writ"]
@@ -220,7 +258,7 @@ def test_verdict_chain_runs_the_keys_given_in_order():
 def test_pipeline_keys_are_off_by_default_and_each_switches_its_check():
     cfg = to_object(compose([]))
     assert not (cfg.evidence.meta_wording or cfg.evidence.head_subject or cfg.evidence.relation_support
-                or cfg.evidence.target_page or cfg.evidence.rank_scope)
+                or cfg.evidence.target_page or cfg.evidence.rank_scope or cfg.evidence.relation_on_target)
     tasks = [("Who was Bill Gates in 1975?", "Microsoft", MICROSOFT),
              ("What is the capital of Australia?", "Tasmania", TASMANIA),
              ("What is the answer to the question: what did Bill Gates found?", "Microsoft", MICROSOFT),
@@ -240,6 +278,7 @@ def test_pipeline_keys_are_off_by_default_and_each_switches_its_check():
     # the Gates tasks' sentence is on Bill Gates's page, not Microsoft's
     assert reasons(target_page=True) == ["off_target_page", "ok", "off_target_page", "ok"]
     assert reasons(rank_scope=True) == ["ok", "ok", "ok", "ok"]
+    assert reasons(relation_on_target=True) == ["ok", "off_target_relation", "off_target_relation", "ok"]
     q[0] = "Who was Bill Gates?"
     assert reasons(head_subject=True, meta_wording=True, relation_support=True) == [
         "asks_about_head", "unsupported_relation", "meta_question", "ok"]

@@ -69,6 +69,7 @@ or None, and runs behind its own `evidence.*` key (`CHECKS`, in the order the pi
 from __future__ import annotations
 
 import re
+from functools import partial
 from typing import Any, Callable, Optional
 
 from coevo.core.scoring import punctuation_to_spaces
@@ -352,13 +353,8 @@ def rank_mismatch(question: Any, target: Any, path: Any) -> Optional[str]:
     return None
 
 
-def _unsupported(question: Any, target: Any, path: Any) -> Optional[str]:
-    words = unsupported_words(question, target, path)
-    return " ".join(words) if words else None
-
-
-def _off_target_relation(question: Any, target: Any, path: Any) -> Optional[str]:
-    words = unsupported_words(question, target, path, last_hop=True)
+def _unsupported(question: Any, target: Any, path: Any, last_hop: bool = False) -> Optional[str]:
+    words = unsupported_words(question, target, path, last_hop)
     return " ".join(words) if words else None
 
 
@@ -369,7 +365,7 @@ CHECKS: tuple[tuple[str, str, Callable[[Any, Any, Any], Optional[str]]], ...] = 
     ("relation_support", "unsupported_relation", _unsupported),
     ("target_page", "off_target_page", off_target_page),
     ("rank_scope", "rank_mismatch", rank_mismatch),
-    ("relation_on_target", "off_target_relation", _off_target_relation),
+    ("relation_on_target", "off_target_relation", partial(_unsupported, last_hop=True)),
 )
 
 

@@ -17,11 +17,15 @@ every labelled task and prints ONE JSON line:
      "f": {"strict": true share, "loose": (true + loose) share},
      "checks": {reason code: {"key": "evidence.<key>", "rejected": r, "rejected_false": x, "rejected_loose": y,
                               "precision": x / r, "recall": x / c}},   (also "any": every check together)
-     "in_force": {"keys": [...], "kept": k, "f": {"strict", "loose"}}}
+     "in_force": {"keys": [...], "kept": k, "f": {"strict", "loose"}},
+     "distinct": {"tasks": d, "true", "loose", "false", "f": {"strict", "loose"}, "top": [[question, target, n], …]}}
 Precision and recall are of a check's rejections against the `false` labels: a rejected `loose` task counts
 against precision (it is not false). A share with a zero denominator is null. `in_force`: the checks the
 config composed from the overrides switches on (e.g. `evidence.relation_support=true`), and f over the tasks
-they all keep: what turning them on would leave.
+they all keep: what turning them on would leave. `distinct`: the labelled tasks counted once per (question, target)
+after `normalize_answer`, each taking the lowest label it got (as `merge` does): a run that drew the same
+reference question again accepts the same task again (a small reference pool cycles), and a repeated true task
+raises the per-task f without widening what the proposer has learned to write; `top` lists the five most repeated.
 
 `merge` joins two labellers' files of the same tasks (matched by `id`; each file must hold the same ids,
 once each, every one labelled): each task takes the LOWER of its two labels (true > loose > false, the
@@ -43,6 +47,7 @@ from typing import Any, Optional, Sequence
 from bench import split_overrides
 from coevo.core.config import compose
 from coevo.core.io import atomic_write_jsonl, iter_jsonl, step_of
+from coevo.core.scoring import normalize_answer
 from evidence.task_checks import CHECKS
 
 LABELS = ("true", "false", "loose")
@@ -121,6 +126,20 @@ def _check_row(key: str, rejected: list[dict[str, Any]], n_false: int) -> dict[s
             "precision": _share(hit, len(rejected)), "recall": _share(hit, n_false)}
 
 
+def distinct(labelled: list[dict[str, Any]]) -> dict[str, Any]:
+    """Labelled rows counted once per normalized (question, target), each with the lowest label it got."""
+    label: dict[tuple[str, str], str] = {}
+    count: dict[tuple[str, str], int] = {}
+    for r in labelled:
+        key = (normalize_answer(str(r.get("question") or "")), normalize_answer(str(r.get("target") or "")))
+        label[key] = min(label.get(key, "true"), r["label"], key=RANK.__getitem__)
+        count[key] = count.get(key, 0) + 1
+    rows = [{"label": lab} for lab in label.values()]
+    top = sorted(count.items(), key=lambda kv: -kv[1])[:5]
+    return {"tasks": len(rows), **{lab: sum(r["label"] == lab for r in rows) for lab in LABELS}, "f": _f(rows),
+            "top": [[q, t, n] for (q, t), n in top if n > 1]}
+
+
 def score(rows: list[dict[str, Any]], keys_in_force: Sequence[str] = ()) -> dict[str, Any]:
     """The figures `score` prints (module docstring) for labelling rows; `keys_in_force`: `evidence.*` keys."""
     labelled = [r for r in rows if r.get("label") in LABELS]
@@ -134,7 +153,8 @@ def score(rows: list[dict[str, Any]], keys_in_force: Sequence[str] = ()) -> dict
     return {"labelled": len(labelled), **{lab: sum(r["label"] == lab for r in labelled) for lab in LABELS},
             "unlabelled": len(rows) - len(labelled), "f": _f(labelled), "checks": checks,
             "in_force": {"keys": [f"evidence.{k}" for k, _, _ in CHECKS if k in keys_in_force], "kept": len(kept),
-                         "f": _f(kept)}}
+                         "f": _f(kept)},
+            "distinct": distinct(labelled)}
 
 
 def _by_id(path: Path) -> dict[Any, dict[str, Any]]:

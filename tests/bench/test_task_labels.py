@@ -77,6 +77,26 @@ def test_score_without_overrides_and_with_nothing_labelled():
     assert result["checks"]["asks_about_head"]["precision"] == 0.0 and result["checks"]["any"]["recall"] is None
 
 
+def test_distinct_counts_a_repeated_task_once_with_its_lowest_label():
+    rows = [{"question": q, "target": t, "label": lab} for q, t, lab in [
+        ("What is the highest mountain in Africa?", "Mount Kilimanjaro", "true"),
+        ("what is the highest mountain in Africa", "mount kilimanjaro", "true"),  # the same after normalization
+        ("What is the highest mountain in Africa?", "Mount Kilimanjaro", "true"),
+        ("What is the capital of France?", "Paris", "true"),
+        ("What is the capital of France?", "Paris", "loose"),  # a doubt: the task counts as loose
+        ("Who was Bill Gates?", "Microsoft", "false"),
+    ]]
+    out = task_labels.score(rows)
+    assert out["f"] == {"strict": 0.6667, "loose": 0.8333}  # 4 of 6; 5 of 6 per row
+    # three tasks: Kilimanjaro true, Paris loose, Microsoft false
+    assert out["distinct"] == {"tasks": 3, "true": 1, "false": 1, "loose": 1,
+                               "f": {"strict": 0.3333, "loose": 0.6667},
+                               "top": [["what is highest mountain in africa", "mount kilimanjaro", 3],
+                                       ["what is capital of france", "paris", 2]]}
+    assert task_labels.score([])["distinct"] == {"tasks": 0, "true": 0, "false": 0, "loose": 0,
+                                                 "f": {"strict": None, "loose": None}, "top": []}
+
+
 def _record(task_id, question, accepted, path=GATES) -> dict:
     return {"task_id": task_id, "question": question, "target": "Microsoft", "answers": ["Microsoft"],
             "evidence_path": path, "accepted": accepted, "reason": "accepted" if accepted else "leaks_target"}

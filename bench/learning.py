@@ -34,11 +34,14 @@ and eval succeeded). Overrides that do not compose stop before any run: `arms` i
 top-level `error` says why. `png_error` appears only when the plot failed.
 
     {"steps": N, "wall_s": seconds, "command": "python -m bench.learning ...", "overrides": [...],
-     "out": dir, "png": file, "arms": {"trained": ARM, "control": ARM},
+     "out": dir, "png": file, "machine": {"cores", "cpu_flags": {flag: bool}}, "arms": {"trained": ARM, "control": ARM},
      "paired": {"no_ranker": PAIRED, "own_ranker": PAIRED, "heldout": PAIRED} | null, "in_run": {...} | null}
     ARM = {"run_dir", "run_command", "run_s", "returncode", "error" (null when fine),
            "series": {...}, "eval": {...} | null, "eval_no_ranker": {...} | null, "eval_heldout": {...}}
 
+`machine`: this machine's cores and vector / bf16 flags (bench.limits's): a step's update time depends on
+them (bf16 matmuls ran at 411 GFLOP/s without AMX, 1,865 with it: docs/limits-run8.json, -run9.json), so step
+counts under `--arm-timeout` compare only between runs on like machines.
 `paired` (null with `--eval-limit 0` and no `--heldout`) and `in_run` are written once both arms are done.
 `series`: one entry per finished step (metrics.jsonl line / tasks/step_<n>.jsonl dump); a rate
 with nothing to count is null.
@@ -87,6 +90,7 @@ from typing import Any, Optional, Sequence
 from bench import split_overrides
 from bench.learning_plot import plot
 from bench.learning_stats import eval_pooled, in_run_block, paired_blocks
+from bench.limits import cpu_flags
 from coevo.core.config import compose
 from coevo.core.io import atomic_write_text
 from coevo.evaluate.report import load_run
@@ -312,8 +316,9 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
     t0 = time.perf_counter()
     command = shlex.join(["python", "-m", "bench.learning", *argv])
     result: dict[str, Any] = {"steps": args.steps, "wall_s": None, "command": command, "overrides": args.overrides,
-                              "out": str(args.out), "png": str(args.png), "arms": {}, "paired": None,
-                              "in_run": None}
+                              "out": str(args.out), "png": str(args.png),
+                              "machine": {"cores": os.cpu_count(), "cpu_flags": cpu_flags()}, "arms": {},
+                              "paired": None, "in_run": None}
     try:
         mode = ranker_mode(args.overrides)
     except Exception as e:  # a bad override: both arms would fail the same way

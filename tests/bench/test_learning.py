@@ -4,12 +4,14 @@ pooled / paired / in-run figures against hand-computed values (no model is loade
 import json
 import math
 import sys
+from functools import partial
 from pathlib import Path
 from statistics import NormalDist
 
 import pytest
 
-from bench import learning, learning_plot, learning_stats
+from bench import learning, learning_plot, learning_stats, limits
+from coevo.train import precision
 
 
 def _path(hops: int) -> dict:
@@ -160,8 +162,16 @@ def test_main_runs_the_control_for_the_trained_arms_finished_steps(tmp_path, mon
     monkeypatch.setattr(learning, "ranker_mode", lambda overrides: "none")
     monkeypatch.setattr(learning, "in_run_block", lambda arms, steps, seed: None)
     monkeypatch.setattr(learning, "plot", lambda *a, **k: None)
+    cpuinfo = tmp_path / "cpuinfo"
+    cpuinfo.write_text("processor\t: 0\nflags\t\t: fpu avx2 amx_bf16\n")
+    monkeypatch.setattr(precision, "cpu_flags", partial(precision.cpu_flags, str(cpuinfo)))
+    monkeypatch.setattr(learning.os, "cpu_count", lambda: 2)
     assert learning.main(["--steps", "20", "--eval-limit", "0", "--out", str(tmp_path / "b")]) == 0
     assert calls == [("trained", 20), ("control", 3)]
+    written = json.loads((tmp_path / "b" / "learning.json").read_text())
+    # the machine the step times belong to, read from a cpuinfo it was given
+    assert written["machine"] == {"cores": 2, "cpu_flags": {flag: flag in ("avx2", "amx_bf16")
+                                                            for flag in limits.REPORTED_FLAGS}}
     calls.clear()
     assert learning.main(["--steps", "20", "--eval-limit", "0", "--parallel", "--out", str(tmp_path / "p")]) == 0
     assert sorted(calls) == [("control", 20), ("trained", 20)]  # at the same time: nothing to match yet

@@ -32,6 +32,9 @@ Blocks of `learning.json` built here (bench/learning.py's docstring shows where 
   `in_run.reading` holds them (less `extraction`) over the accepted tasks' sampled rollouts with right =
   those whose searches showed a gold alias (`read_answer`): how often the solver's own searches find
   the answer, whatever it then answers.
+  `in_run.first_seen` holds them (less `extraction`) over each accepted task's first occurrence only (`task_key`:
+  the normalized question and target; the earliest step, then dump order): a task accepted again (a reference
+  question drawn again) after the solver trained on it may be answered from memory; the first time it cannot.
   `in_run.acceptance` = {"trained": POOLED + "steps", "control": …, "fisher_p", "quarters": [QUARTER × 4]}:
   the proposer's candidates that became tasks, right = accepted and scored = candidates summed over the
   finished steps' metrics lines ("steps": how many), Fisher as above (extraction clozes are no candidates).
@@ -51,6 +54,7 @@ import numpy as np
 from scipy.stats import binomtest, fisher_exact
 
 from coevo.core.io import iter_jsonl, step_of
+from coevo.core.scoring import normalize_answer
 from coevo.evaluate.report import load_run, number
 from coevo.evaluate.series import step_key
 
@@ -139,6 +143,23 @@ def paired_report(trained: Mapping[tuple[str, str], bool], control: Mapping[tupl
 
 # ---- in-run figures -------------------------------------------------------------------------
 
+def task_key(question: Any, target: Any) -> tuple[str, str]:
+    """The identity of a task across steps: its question and target after `normalize_answer`."""
+    return normalize_answer(str(question or "")), normalize_answer(str(target or ""))
+
+
+def first_occurrences(records: Iterable[Mapping[str, Any]]) -> list[Mapping[str, Any]]:
+    """The accepted records whose `task_key` no earlier accepted record had (step order, then the given order)."""
+    seen: set[tuple[str, str]] = set()
+    out = []
+    for r in sorted((r for r in records if r.get("accepted")), key=lambda r: int(r.get("step") or 0)):
+        key = task_key(r.get("question"), r.get("target"))
+        if key not in seen:
+            seen.add(key)
+            out.append(r)
+    return out
+
+
 def task_counts(records: Iterable[Mapping[str, Any]], steps: Optional[Iterable[int]] = None,
                 clozes: bool = False, read: bool = False) -> list[TaskCount]:
     """(step, right, sampled) of each accepted task (`clozes`: each mixed corpus cloze) with sampled
@@ -169,6 +190,7 @@ class RunCounts(NamedTuple):
     clozes: list[TaskCount]  # mixed corpus clozes: (step, right, sampled)
     acceptance: list[TaskCount]  # steps: (step, accepted, candidates)
     reading: list[TaskCount]  # accepted tasks: (step, sampled rollouts that read the answer, sampled)
+    first_seen: list[TaskCount]  # accepted tasks at their first occurrence: (step, right, sampled)
 
 
 def run_task_counts(run_dir: Path) -> RunCounts:
@@ -182,7 +204,7 @@ def run_task_counts(run_dir: Path) -> RunCounts:
     clozes = [{**r, "step": n} for n, f in dumps if n is not None
               for _, r in iter_jsonl(f, objects=True, skip_torn_last=True) if r.get("kind") == "extraction"]
     return RunCounts(task_counts(records, finished), task_counts(clozes, finished, clozes=True), acceptance,
-                     task_counts(records, finished, read=True))
+                     task_counts(records, finished, read=True), task_counts(first_occurrences(records), finished))
 
 
 def quarter_blocks(steps: int) -> list[list[int]]:
@@ -291,6 +313,7 @@ def in_run_block(arms: Mapping[str, Any], steps: int, seed: int) -> dict[str, An
     report = in_run_report(trained.tasks, control.tasks, steps, seed)
     report["acceptance"] = acceptance_report(trained.acceptance, control.acceptance, steps)
     report["reading"] = in_run_report(trained.reading, control.reading, steps, seed)
+    report["first_seen"] = in_run_report(trained.first_seen, control.first_seen, steps, seed)
     if trained.clozes or control.clozes:
         report["extraction"] = in_run_report(trained.clozes, control.clozes, steps, seed)
     return report

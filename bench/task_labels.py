@@ -23,7 +23,7 @@ Precision and recall are of a check's rejections against the `false` labels: a r
 against precision (it is not false). A share with a zero denominator is null. `in_force`: the checks the
 config composed from the overrides switches on (e.g. `evidence.relation_support=true`), and f over the tasks
 they all keep: what turning them on would leave. `distinct`: the labelled tasks counted once per (question, target)
-after `normalize_answer`, each taking the lowest label it got (as `merge` does): a run that drew the same
+(`bench.learning_stats.task_key`), each taking the lowest label it got (as `merge` does): a run that drew the same
 reference question again accepts the same task again (a small reference pool cycles), and a repeated true task
 raises the per-task f without widening what the proposer has learned to write; `top` lists the five most repeated.
 
@@ -45,9 +45,9 @@ from pathlib import Path
 from typing import Any, Optional, Sequence
 
 from bench import split_overrides
+from bench.learning_stats import task_key
 from coevo.core.config import compose
 from coevo.core.io import atomic_write_jsonl, iter_jsonl, step_of
-from coevo.core.scoring import normalize_answer
 from evidence.task_checks import CHECKS
 
 LABELS = ("true", "false", "loose")
@@ -131,7 +131,7 @@ def distinct(labelled: list[dict[str, Any]]) -> dict[str, Any]:
     label: dict[tuple[str, str], str] = {}
     count: dict[tuple[str, str], int] = {}
     for r in labelled:
-        key = (normalize_answer(str(r.get("question") or "")), normalize_answer(str(r.get("target") or "")))
+        key = task_key(r.get("question"), r.get("target"))
         label[key] = min(label.get(key, "true"), r["label"], key=RANK.__getitem__)
         count[key] = count.get(key, 0) + 1
     rows = [{"label": lab} for lab in label.values()]

@@ -337,8 +337,25 @@ def test_in_run_block_pools_the_finished_steps_of_both_run_dirs(tmp_path):
     assert block["acceptance"]["trained"]["scored"] == 0  # these metrics lines name no candidates
     reading = block["reading"]  # trained: both rollouts of steps 0-1 read; control: one of two
     assert [(reading[a]["right"], reading[a]["sampled"]) for a in ("trained", "control")] == [(4, 4), (2, 4)]
+    # these tasks have no question or target, so steps 0 and 1 hold one task twice: its first time is step 0's
+    first = block["first_seen"]
+    assert [(first[a]["right"], first[a]["sampled"], first[a]["tasks"]) for a in ("trained", "control")] == \
+        [(1, 2, 1), (0, 2, 1)]
     missing = learning_stats.in_run_block({"trained": {"run_dir": str(tmp_path / "nowhere")}}, steps=2, seed=0)
     assert set(missing) == {"error"} and "nowhere" in missing["error"]
+
+
+def test_first_occurrences_keep_each_task_once_at_its_earliest_step():
+    records = [
+        {"step": 3, "accepted": True, "question": "What is the capital of France?", "target": "Paris", "n": 1},
+        {"step": 1, "accepted": True, "question": "what is the capital of France", "target": "paris", "n": 2},
+        {"step": 1, "accepted": False, "question": "Who wrote Hamlet?", "target": "Shakespeare", "n": 3},
+        {"step": 2, "accepted": True, "question": "Who wrote Hamlet?", "target": "William Shakespeare", "n": 4},
+        {"step": 2, "accepted": True, "question": "What is the capital of France?", "target": "Paris", "n": 5},
+    ]
+    # Paris first at step 1 (record 2); record 3 was rejected; record 4 is another target, so another task
+    assert [r["n"] for r in learning_stats.first_occurrences(records)] == [2, 4]
+    assert learning_stats.task_key("The capital, of France?", "PARIS") == ("capital of france", "paris")
 
 
 def test_paired_blocks_skip_own_ranker_and_pair_the_heldout_clozes(tmp_path):

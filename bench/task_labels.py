@@ -41,6 +41,7 @@ from __future__ import annotations
 import argparse
 import json
 import sys
+from collections import Counter
 from pathlib import Path
 from typing import Any, Optional, Sequence
 
@@ -108,6 +109,15 @@ def read_labels(path: Path) -> list[dict[str, Any]]:
     return rows
 
 
+def lower(a: str, b: str) -> str:
+    """The lower of two labels (true > loose > false): the rubric's rule for a doubt, and merge's."""
+    return min(a, b, key=RANK.__getitem__)
+
+
+def _label_counts(rows: list[dict[str, Any]]) -> dict[str, int]:
+    return {lab: sum(r["label"] == lab for r in rows) for lab in LABELS}
+
+
 def _f(rows: list[dict[str, Any]]) -> dict[str, Optional[float]]:
     true = sum(r["label"] == "true" for r in rows)
     loose = sum(r["label"] == "loose" for r in rows)
@@ -129,15 +139,14 @@ def _check_row(key: str, rejected: list[dict[str, Any]], n_false: int) -> dict[s
 def distinct(labelled: list[dict[str, Any]]) -> dict[str, Any]:
     """Labelled rows counted once per normalized (question, target), each with the lowest label it got."""
     label: dict[tuple[str, str], str] = {}
-    count: dict[tuple[str, str], int] = {}
+    copies: Counter[tuple[str, str]] = Counter()
     for r in labelled:
         key = task_key(r.get("question"), r.get("target"))
-        label[key] = min(label.get(key, "true"), r["label"], key=RANK.__getitem__)
-        count[key] = count.get(key, 0) + 1
+        label[key] = lower(label.get(key, "true"), r["label"])
+        copies[key] += 1
     rows = [{"label": lab} for lab in label.values()]
-    top = sorted(count.items(), key=lambda kv: -kv[1])[:5]
-    return {"tasks": len(rows), **{lab: sum(r["label"] == lab for r in rows) for lab in LABELS}, "f": _f(rows),
-            "top": [[q, t, n] for (q, t), n in top if n > 1]}
+    return {"tasks": len(rows), **_label_counts(rows), "f": _f(rows),
+            "top": [[q, t, n] for (q, t), n in copies.most_common(5) if n > 1]}
 
 
 def score(rows: list[dict[str, Any]], keys_in_force: Sequence[str] = ()) -> dict[str, Any]:
@@ -150,7 +159,7 @@ def score(rows: list[dict[str, Any]], keys_in_force: Sequence[str] = ()) -> dict
     checks["any"] = _check_row("all checks", [r for r, rej in zip(labelled, rejects) if any(rej.values())], n_false)
     force = [reason for key, reason, _ in CHECKS if key in keys_in_force]
     kept = [r for r, rej in zip(labelled, rejects) if not any(rej[c] for c in force)]
-    return {"labelled": len(labelled), **{lab: sum(r["label"] == lab for r in labelled) for lab in LABELS},
+    return {"labelled": len(labelled), **_label_counts(labelled),
             "unlabelled": len(rows) - len(labelled), "f": _f(labelled), "checks": checks,
             "in_force": {"keys": [f"evidence.{k}" for k, _, _ in CHECKS if k in keys_in_force], "kept": len(kept),
                          "f": _f(kept)},
@@ -178,7 +187,7 @@ def merge(a: Path, b: Path) -> tuple[list[dict[str, Any]], dict[str, Any]]:
     for task_id, row in first.items():
         la, lb = row["label"], second[task_id]["label"]
         pairs[f"{la}/{lb}"] = pairs.get(f"{la}/{lb}", 0) + 1
-        rows.append({**row, "label": min(la, lb, key=RANK.__getitem__),
+        rows.append({**row, "label": lower(la, lb),
                      "note": f"A: {row.get('note') or ''}; B: {second[task_id].get('note') or ''}"})
     agree = sum(n for k, n in pairs.items() if len(set(k.split("/"))) == 1)
     return rows, {"tasks": len(rows), "agree": agree, "pairs": dict(sorted(pairs.items()))}
